@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Installs the project and its dev tools into the current Python environment.
+# A torch that is already installed is kept; otherwise the CPU-only build is taken
+# (set TORCH_SPEC, e.g. TORCH_SPEC=torch, to choose another build).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -m pip install --quiet --upgrade pip
+if ! python -c "import torch" 2>/dev/null; then
+    python -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
+fi
+python -m pip install --quiet -e ".[dev]"
