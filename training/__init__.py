@@ -1,0 +1,97 @@
+"""What train_rl.py and train_lm.py share: plain helpers a training loop calls.
+
+A loop uses them in this order:
+
+    @hydra.main(...)
+    @exit_on_config_error                 # ConfigError -> one line on stderr, exit code 2
+    def main(cfg):
+        validate(cfg)                     # check_choice / check_positive / check_wandb_config
+        dist = setup_distributed(cfg.device)
+        run_dir = get_run_dir(dist)
+        checkpoint = resume_checkpoint(run_dir, cfg.resume)   # None unless resume=true
+        if dist.is_main:
+            save_resolved_config(run_dir, cfg)
+        seed_everything(rank_seed(cfg.seed, dist.rank))
+        if checkpoint:                    # ... and load the model and optimizer states
+            restore_rng_state(checkpoint["rng"][dist.rank])
+        logger = MetricsLogger(run_dir, cfg, enabled=dist.is_main,
+                               resume_step=checkpoint["step"] if checkpoint else None)
+        bar = progress_bar(total_steps, initial=step, enabled=dist.is_main)
+        ...   # each log interval: logger.log(all_reduce_mean(metrics, dist), step=step)
+        ...   # each checkpoint interval, on every rank (a collective):
+        ...   #     rngs = all_gather_object(rng_state(), dist)
+        ...   # then on the main rank only:
+        ...   #     save_checkpoint(run_dir, {"step": step, "model": ..., "rng": rngs})
+        logger.close(); cleanup_distributed()
+"""
+
+from training.checkpoint import (
+    CHECKPOINT_FILE,
+    load_checkpoint,
+    resume_checkpoint,
+    save_checkpoint,
+)
+from training.config import (
+    ConfigError,
+    check_choice,
+    check_positive,
+    check_positive_int,
+    check_range,
+    exit_on_config_error,
+)
+from training.distributed import (
+    DistInfo,
+    all_gather_object,
+    all_reduce_mean,
+    broadcast_object,
+    cleanup_distributed,
+    resolve_device,
+    setup_distributed,
+)
+from training.files import atomic_open
+from training.metrics import (
+    METRICS_FILE,
+    MetricsLogger,
+    check_wandb_config,
+    read_metrics,
+    truncate_metrics,
+)
+from training.progress import progress_bar, set_metrics
+from training.run_dir import CONFIG_FILE, get_run_dir, load_run_config, save_resolved_config
+from training.seeding import rank_seed, restore_rng_state, rng_state, seed_everything
+
+__all__ = [
+    "CHECKPOINT_FILE",
+    "CONFIG_FILE",
+    "METRICS_FILE",
+    "ConfigError",
+    "DistInfo",
+    "MetricsLogger",
+    "all_gather_object",
+    "all_reduce_mean",
+    "atomic_open",
+    "broadcast_object",
+    "check_choice",
+    "check_positive",
+    "check_positive_int",
+    "check_range",
+    "check_wandb_config",
+    "cleanup_distributed",
+    "exit_on_config_error",
+    "get_run_dir",
+    "load_checkpoint",
+    "load_run_config",
+    "progress_bar",
+    "rank_seed",
+    "read_metrics",
+    "resolve_device",
+    "restore_rng_state",
+    "resume_checkpoint",
+    "rng_state",
+    "save_checkpoint",
+    "save_resolved_config",
+    "seed_everything",
+    "set_metrics",
+    "setup_distributed",
+    "truncate_metrics",
+]

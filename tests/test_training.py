@@ -1,0 +1,459 @@
+"""Tests for the training package: config checks, checkpoints, metrics, W&B, DDP, progress."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import random
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+import training.progress
+from training import (
+    ConfigError,
+    DistInfo,
+    MetricsLogger,
+    all_reduce_mean,
+    atomic_open,
+    check_choice,
+    check_positive,
+    check_positive_int,
+    check_range,
+    check_wandb_config,
+    exit_on_config_error,
+    get_run_dir,
+    load_checkpoint,
+    load_run_config,
+    progress_bar,
+    rank_seed,
+    read_metrics,
+    resolve_device,
+    restore_rng_state,
+    resume_checkpoint,
+    rng_state,
+    save_checkpoint,
+    save_resolved_config,
+    seed_everything,
+    set_metrics,
+    setup_distributed,
+)
+
+NO_WANDB = {"wandb": {"mode": "disabled"}}
+
+# --- config validation ---------------------------------------------------------------------
+
+
+def test_check_choice_names_the_valid_choices():
+    with pytest.raises(ConfigError) as error:
+        check_choice("env", "corridr", ["corridor", "minigrid_memory", "portal"])
+    assert str(error.value).startswith(
+        "env=corridr is not a known env; choose one of: corridor, minigrid_memory, portal"
+    )
+    assert "did you mean corridor?" in str(error.value)
+    check_choice("env", "portal", ["corridor", "portal"])
+
+
+@pytest.mark.parametrize(
+    ("check", "args", "message"),
+    [
+        (check_positive, ("optim.lr", -0.1), "optim.lr=-0.1 must be > 0"),
+        (check_positive, ("optim.lr", 0), "optim.lr=0 must be > 0"),
+        (check_positive, ("optim.lr", "fast"), "optim.lr=fast must be a number > 0"),
+        (check_positive_int, ("num_envs", 2.5), "num_envs=2.5 must be a whole number > 0"),
+        (check_positive_int, ("num_envs", 0), "num_envs=0 must be >= 1"),
+        (check_range, ("gamma", 1.5, 0, 1), "gamma=1.5 must be in [0, 1]"),
+        (check_range, ("gamma", float("nan"), 0, 1), "gamma=nan must be a number in [0, 1]"),
+        (check_range, ("p", 1.0, 0, 1), None),
+        (check_range, ("p", 0.0, 0, 1), None),
+    ],
+)
+def test_numeric_checks(check, args, message):
+    if message is None:
+        check(*args)
+        return
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        check(*args)
+
+
+def test_check_range_open_bounds():
+    check_range("gamma", 0.5, 0, 1, low_open=True, high_open=True)
+    with pytest.raises(ConfigError, match=r"gamma=0 must be in \(0, 1\]"):
+        check_range("gamma", 0, 0, 1, low_open=True)
+    with pytest.raises(ConfigError, match=r"must be < 1"):
+        check_range("dropout", 1, high=1, high_open=True)
+
+
+def test_exit_on_config_error_prints_one_line_and_exits_2(capsys):
+    @exit_on_config_error
+    def main(kind):
+        check_choice("memory.kind", kind, ["expire_span", "transformer_xl"])
+        return "trained"
+
+    assert main("expire_span") == "trained"
+    with pytest.raises(SystemExit) as exit_info:
+        main("xl")
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err == (
+        "Config error: memory.kind=xl is not a known kind; "
+        "choose one of: expire_span, transformer_xl\n"
+    )
+
+
+def test_hydra_entry_point_exits_2_without_traceback_before_any_work(tmp_path):
+    (tmp_path / "conf").mkdir()
+    (tmp_path / "conf" / "config.yaml").write_text("wandb:\n  mode: offline\nsteps: 10\n")
+    (tmp_path / "app.py").write_text(
+        textwrap.dedent(
+            """
+            import hydra
+            from training import check_wandb_config, exit_on_config_error, get_run_dir
+
+            @hydra.main(version_base=None, config_path="conf", config_name="config")
+            @exit_on_config_error
+            def main(cfg):
+                check_wandb_config(cfg.wandb)
+                (get_run_dir() / "work_started").touch()
+
+            main()
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "app.py", "wandb.mode=onlin", "hydra.run.dir=run"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert result.stderr == (
+        "Config error: wandb.mode=onlin is not a known mode; "
+        "choose one of: disabled, offline, online (did you mean online?)\n"
+    )
+    assert not (tmp_path / "run" / "work_started").exists()
+
+
+def test_check_wandb_config_fills_defaults_and_rejects_unknown_keys():
+    assert check_wandb_config(None)["mode"] == "offline"
+    assert check_wandb_config({"mode": "disabled", "tags": ["a"]})["tags"] == ["a"]
+    with pytest.raises(ConfigError, match="unknown wandb option.*projet"):
+        check_wandb_config({"projet": "x"})
+    with pytest.raises(ConfigError, match="wandb.tags=a must be a list"):
+        check_wandb_config({"tags": "a"})
+
+
+# --- atomic files and checkpoints -------------------------------------------------------
+
+
+def test_atomic_open_keeps_old_content_when_the_write_fails(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("old\n")
+    with pytest.raises(RuntimeError), atomic_open(path) as file:
+        file.write("new, but not fin")
+        raise RuntimeError("killed")
+    assert path.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["config.yaml"]
+
+
+def test_save_checkpoint_failing_midway_leaves_previous_checkpoint_intact(tmp_path, monkeypatch):
+    save_checkpoint(tmp_path, {"weights": torch.arange(4.0), "step": 100})
+    real_save = torch.save
+
+    def save_half_then_die(obj, file, *args, **kwargs):
+        buffer = io.BytesIO()
+        real_save(obj, buffer, *args, **kwargs)
+        file.write(buffer.getvalue()[: len(buffer.getvalue()) // 2])
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", save_half_then_die)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(tmp_path, {"weights": torch.zeros(4), "step": 200})
+    monkeypatch.undo()
+
+    checkpoint = load_checkpoint(tmp_path)
+    assert checkpoint["step"] == 100
+    assert torch.equal(checkpoint["weights"], torch.arange(4.0))
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt"]
+
+
+def test_keep_last_keeps_the_newest_step_snapshots(tmp_path):
+    for step in (10, 20, 30, 40, 100):
+        save_checkpoint(tmp_path, {"value": step, "step": step}, keep_last=2)
+    assert sorted(os.listdir(tmp_path)) == [
+        "checkpoint.pt",
+        "checkpoint_100.pt",
+        "checkpoint_40.pt",
+    ]
+    assert load_checkpoint(tmp_path)["value"] == 100
+    snapshot = torch.load(tmp_path / "checkpoint_40.pt", weights_only=True)
+    assert snapshot == {"value": 40, "step": 40}
+
+
+def test_save_checkpoint_needs_an_integer_step(tmp_path):
+    with pytest.raises(ValueError, match='needs an integer "step"'):
+        save_checkpoint(tmp_path, {"model": {}})
+
+
+def test_load_checkpoint_takes_a_run_dir_or_a_file_and_gives_none_when_absent(tmp_path):
+    assert load_checkpoint(tmp_path) is None
+    assert load_checkpoint(tmp_path / "checkpoint_5.pt") is None
+    save_checkpoint(tmp_path, {"step": 5}, keep_last=1)
+    assert load_checkpoint(tmp_path) == {"step": 5}
+    assert load_checkpoint(tmp_path / "checkpoint_5.pt") == {"step": 5}
+
+
+def test_resume_without_a_checkpoint_names_the_directory_looked_at(tmp_path):
+    assert resume_checkpoint(tmp_path, resume=False) is None
+    with pytest.raises(ConfigError) as error:
+        resume_checkpoint(tmp_path, resume=True)
+    assert f"resume=true but there is no checkpoint.pt in {tmp_path.resolve()}" in str(error.value)
+    save_checkpoint(tmp_path, {"step": 3})
+    assert resume_checkpoint(tmp_path, resume=True)["step"] == 3
+
+
+def test_model_and_optimizer_round_trip_through_a_weights_only_checkpoint(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 3)).sum().backward()
+    optimizer.step()
+    save_checkpoint(
+        tmp_path,
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": 7},
+    )
+    checkpoint = load_checkpoint(tmp_path)
+    restored = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
+    restored.load_state_dict(checkpoint["model"])
+    for original, loaded in zip(model.parameters(), restored.parameters(), strict=True):
+        assert torch.equal(original, loaded)
+    torch.optim.Adam(restored.parameters(), lr=1e-3).load_state_dict(checkpoint["optimizer"])
+
+
+@pytest.mark.parametrize(
+    ("bad", "type_name"),
+    [
+        (np.float64(0.5), "numpy.float64"),
+        (np.zeros(3), "numpy.ndarray"),
+        (OmegaConf.create({"lr": 1}), "omegaconf.dictconfig.DictConfig"),
+    ],
+)
+def test_save_checkpoint_rejects_what_weights_only_loading_cannot_read(tmp_path, bad, type_name):
+    with pytest.raises(TypeError, match=rf"state\['stats'\]\[1\] has type {type_name}"):
+        save_checkpoint(tmp_path, {"stats": [1.0, bad], "step": 1})
+    assert not (tmp_path / "checkpoint.pt").exists()
+
+
+def test_rng_state_restored_from_a_checkpoint_repeats_the_same_draws(tmp_path):
+    seed_everything(123)
+    save_checkpoint(tmp_path, {"rng": rng_state(), "step": 1})
+    first = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3).tolist())
+    restore_rng_state(load_checkpoint(tmp_path)["rng"])
+    again = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3).tolist())
+    assert first == again
+
+
+def test_rank_seed_keeps_rank_zero_and_separates_ranks():
+    assert rank_seed(5, 0) == 5
+    assert len({rank_seed(5, rank) + env for rank in range(4) for env in range(1000)}) == 4000
+
+
+# --- run directory and metrics ----------------------------------------------------------
+
+
+def test_save_resolved_config_resolves_interpolations(tmp_path):
+    cfg = OmegaConf.create({"memory": {"max_span": 200}, "agent": {"span": "${memory.max_span}"}})
+    save_resolved_config(tmp_path, cfg)
+    assert "${" not in (tmp_path / "config.yaml").read_text()
+    assert load_run_config(tmp_path).agent.span == 200
+
+
+def test_run_dir_is_the_working_directory_outside_hydra(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert get_run_dir() == tmp_path
+
+
+def test_metrics_lines_are_plain_json_with_step(tmp_path):
+    with MetricsLogger(tmp_path, NO_WANDB) as logger:
+        logger.log({"return": torch.tensor(0.25), "success": np.float32(1.0), "done": True}, 10)
+        logger.log({"loss": float("nan"), "episodes": np.int64(3)}, step=20)
+        with pytest.raises(TypeError, match="metric 'note' is 'hi'"):
+            logger.log({"note": "hi"}, step=30)
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert lines == [
+        '{"step": 10, "return": 0.25, "success": 1.0, "done": 1}',
+        '{"step": 20, "loss": null, "episodes": 3}',
+    ]
+
+
+def test_resume_keeps_exactly_the_lines_up_to_the_checkpoint_step(tmp_path):
+    with MetricsLogger(tmp_path, NO_WANDB) as logger:
+        for step in range(100, 1100, 100):
+            logger.log({"return": step / 1000}, step=step)
+    with open(tmp_path / "metrics.jsonl", "a") as file:
+        file.write('{"step": 1100, "ret')  # a line cut off when the run was killed
+
+    with MetricsLogger(tmp_path, NO_WANDB, resume_step=600) as logger:
+        assert [record["step"] for record in read_metrics(logger.path)] == [
+            100,
+            200,
+            300,
+            400,
+            500,
+            600,
+        ]
+        logger.log({"return": 0.7}, step=700)
+    steps = [record["step"] for record in read_metrics(tmp_path / "metrics.jsonl")]
+    assert steps == [100, 200, 300, 400, 500, 600, 700]
+
+    with MetricsLogger(tmp_path, NO_WANDB) as logger:
+        logger.log({"return": 0.0}, step=1)
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 1, "return": 0.0}]
+
+
+def test_disabled_logger_on_other_ranks_writes_nothing(tmp_path):
+    logger = MetricsLogger(tmp_path, {"wandb": {"mode": "offline"}}, enabled=False)
+    logger.log({"return": 1.0}, step=1)
+    logger.close()
+    assert os.listdir(tmp_path) == []
+
+
+def test_wandb_offline_run_writes_under_the_run_dir_without_network(tmp_path, monkeypatch, capfd):
+    wandb = pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # any network use would fail
+    sent = []
+    real_log = wandb.Run.log
+
+    def spy_log(run, data, *args, **kwargs):
+        sent.append(dict(data))
+        return real_log(run, data, *args, **kwargs)
+
+    monkeypatch.setattr(wandb.Run, "log", spy_log)
+    cfg = OmegaConf.create({"seed": 1, "span": "${seed}", "wandb": {"mode": "offline"}})
+    with MetricsLogger(tmp_path, cfg) as logger:
+        logger.log({"first_metric": 0.5}, step=10)
+        logger.log({"first_metric": 0.25}, step=20)
+    run_id = (tmp_path / "wandb_run_id").read_text().strip()
+    with MetricsLogger(tmp_path, cfg, resume_step=10) as logger:
+        logger.log({"resumed_metric": 0.75}, step=20)
+
+    assert sent == [
+        {"step": 10, "first_metric": 0.5},
+        {"step": 20, "first_metric": 0.25},
+        {"step": 20, "resumed_metric": 0.75},
+    ]
+    assert (tmp_path / "wandb_run_id").read_text().strip() == run_id
+    run_files = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    written = b"".join(path.read_bytes() for path in run_files)
+    assert b"first_metric" in written and b"resumed_metric" in written
+    captured = capfd.readouterr()
+    assert "wandb:" not in captured.out + captured.err
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [10, 20]
+
+
+# --- devices and torchrun ---------------------------------------------------------------
+
+
+def test_resolve_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    with pytest.raises(ConfigError, match="device=gpu is not a known device; choose one of"):
+        resolve_device("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="device=cuda:1 but this PyTorch sees no CUDA GPU"):
+            resolve_device("cuda:1")
+
+
+def test_single_process_without_torchrun(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    dist = setup_distributed("cpu")
+    assert dist == DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"))
+    assert dist.is_main and not dist.is_distributed
+    assert all_reduce_mean({"return": 0.5, "loss": math.nan}, dist)["return"] == 0.5
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _distributed_worker(rank: int, port: int, out_dir: str) -> None:
+    from training import all_gather_object, cleanup_distributed
+
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE="2",
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    os.chdir(os.path.join(out_dir, f"cwd{rank}"))
+    dist = setup_distributed("cpu")
+    metrics = {"loss": 1.0 + 2.0 * rank, "return": math.nan if rank == 1 else 0.25}
+    metrics["none"] = math.nan
+    result = {
+        "rank": dist.rank,
+        "world_size": dist.world_size,
+        "is_main": dist.is_main,
+        "mean": all_reduce_mean(metrics, dist),
+        "gathered": all_gather_object(f"state of {rank}", dist),
+        "run_dir": str(get_run_dir(dist)),
+    }
+    cleanup_distributed()
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as file:
+        json.dump(result, file)
+
+
+def test_two_process_gloo_setup_and_metric_mean(tmp_path):
+    for rank in range(2):
+        (tmp_path / f"cwd{rank}").mkdir()
+    mp.spawn(_distributed_worker, args=(_free_port(), str(tmp_path)), nprocs=2, join=True)
+    results = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [(r["rank"], r["world_size"], r["is_main"]) for r in results] == [
+        (0, 2, True),
+        (1, 2, False),
+    ]
+    for result in results:
+        assert result["mean"]["loss"] == 2.0
+        assert result["mean"]["return"] == 0.25  # rank 1 had no episode: NaN is skipped
+        assert result["mean"]["none"] is None or math.isnan(result["mean"]["none"])
+        assert result["gathered"] == ["state of 0", "state of 1"]
+        assert result["run_dir"] == str(tmp_path / "cwd0")
+
+
+# --- progress bar -----------------------------------------------------------------------
+
+
+def test_progress_bar_in_a_log_file_prints_one_line_per_update(monkeypatch):
+    monkeypatch.setattr(training.progress, "LOG_INTERVAL_SECONDS", 0.0)
+    log = io.StringIO()
+    bar = progress_bar(4000, initial=1000, desc="corridor", file=log)
+    for _ in range(3):
+        bar.update(1000)
+        set_metrics(bar, {"success": 0.875})
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue()
+    assert lines[0].startswith("corridor:  25% 1.00k/4.00k")
+    assert lines[-1].startswith("corridor: 100% 4.00k/4.00k")
+    assert "step/s, success=0.875]" in lines[-1]
+
+
+def test_progress_bar_disabled_on_other_ranks():
+    log = io.StringIO()
+    bar = progress_bar(10, enabled=False, file=log)
+    bar.update(5)
+    set_metrics(bar, {"return": 1.0})
+    bar.close()
+    assert log.getvalue() == ""

@@ -1,0 +1,127 @@
+"""Atomic checkpoints in the run directory, and finding them again on resume.
+
+`RUN_DIR/checkpoint.pt` is always the latest complete checkpoint: it is written to a
+temporary file, fsynced and renamed over the old one, so a run killed while saving still
+has its previous checkpoint. `keep_last=k` also keeps hard-linked copies of the k latest
+checkpoints as `checkpoint_<step>.pt` (no extra disk space for the newest one).
+
+Checkpoints hold tensors and plain Python values only (state dicts of modules and
+optimizers, numbers, strings, lists, dicts; see `training.seeding.rng_state`), so they
+load with `torch.load(weights_only=True)`. `save_checkpoint` checks this up front.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.config import ConfigError
+from training.files import atomic_open
+
+CHECKPOINT_FILE = "checkpoint.pt"
+_SNAPSHOT = re.compile(r"checkpoint_(\d+)\.pt")
+# What torch.load(weights_only=True) reads back; exact types, so e.g. numpy.float64 (a float
+# subclass that pickles as a NumPy object) is caught.
+_PLAIN_TYPES = (int, float, complex, bool, str, bytes, bytearray, type(None))
+_TORCH_TYPES = (torch.Tensor, torch.Size, torch.dtype, torch.device)
+_MAPPING_TYPES = (dict, collections.OrderedDict)
+_SEQUENCE_TYPES = (list, tuple, set)
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike, state: Mapping[str, Any], *, keep_last: int = 0
+) -> Path:
+    """Atomically write `state` (which holds the integer "step") to RUN_DIR/checkpoint.pt.
+
+    Call it on the main rank only (DDP keeps the model identical on every rank). Returns
+    the checkpoint's path.
+    """
+    step = state.get("step")
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise ValueError(f'a checkpoint needs an integer "step" in its state, got {step!r}')
+    if keep_last < 0:
+        raise ValueError(f"keep_last={keep_last} must be >= 0")
+    state = dict(state)
+    _check_loadable(state, "state")
+    run_dir = Path(run_dir)
+    path = run_dir / CHECKPOINT_FILE
+    with atomic_open(path, "wb") as file:
+        torch.save(state, file)
+    if keep_last:
+        _snapshot(path, run_dir / f"checkpoint_{step}.pt")
+        snapshots = sorted(
+            (int(match.group(1)), candidate)
+            for candidate in run_dir.iterdir()
+            if (match := _SNAPSHOT.fullmatch(candidate.name))
+        )
+        for _, old in snapshots[:-keep_last]:
+            old.unlink(missing_ok=True)
+    return path
+
+
+def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any] | None:
+    """Load a checkpoint file, or RUN_DIR/checkpoint.pt when given a directory; None if absent."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / CHECKPOINT_FILE
+    if not path.is_file():
+        return None
+    return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def resume_checkpoint(
+    run_dir: str | os.PathLike, resume: bool, *, map_location: Any = "cpu"
+) -> dict[str, Any] | None:
+    """The checkpoint to continue from when `resume` is set (None otherwise).
+
+    A run directory without a checkpoint is a config error: the user asked to resume a run
+    that never saved one, or pointed hydra.run.dir at the wrong place.
+    """
+    if not resume:
+        return None
+    checkpoint = load_checkpoint(run_dir, map_location=map_location)
+    if checkpoint is None:
+        raise ConfigError(
+            f"resume=true but there is no {CHECKPOINT_FILE} in {Path(run_dir).resolve()}; "
+            "point hydra.run.dir at the directory of the run to resume, "
+            "or start a new run without resume=true"
+        )
+    return checkpoint
+
+
+def _snapshot(latest: Path, snapshot: Path) -> None:
+    """Make `snapshot` a copy of `latest` (a hard link where the file system allows one)."""
+    tmp = snapshot.with_name(f".{snapshot.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        os.link(latest, tmp)
+    except OSError:
+        shutil.copyfile(latest, tmp)
+    os.replace(tmp, snapshot)
+
+
+def _check_loadable(value: Any, where: str) -> None:
+    """Reject objects that `torch.load(weights_only=True)` would refuse, naming where they are."""
+    if type(value) in _PLAIN_TYPES or isinstance(value, _TORCH_TYPES):
+        return
+    if type(value) in _MAPPING_TYPES:
+        for key, item in value.items():
+            _check_loadable(key, f"{where} key {key!r}")
+            _check_loadable(item, f"{where}[{key!r}]")
+        return
+    if type(value) in _SEQUENCE_TYPES:
+        for index, item in enumerate(value):
+            _check_loadable(item, f"{where}[{index}]")
+        return
+    raise TypeError(
+        f"{where} has type {type(value).__module__}.{type(value).__qualname__}; checkpoints hold "
+        "tensors and plain Python values only (convert arrays with torch.as_tensor, numbers "
+        "with float/int, configs with OmegaConf.to_container)"
+    )

@@ -1,0 +1,99 @@
+"""Config validation: bad values fail at start-up with a message that says how to fix them.
+
+Hydra itself rejects unknown config-group options (`env=corridr`) and unknown keys before
+the app runs, listing the available options. These helpers cover what Hydra cannot see:
+values of plain keys (`memory.kind=xl`, `lr=-1`, `wandb.mode=onlin`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import math
+import sys
+from collections.abc import Callable, Iterable
+from numbers import Real
+from typing import Any, TypeVar
+
+CONFIG_ERROR_EXIT_CODE = 2
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class ConfigError(Exception):
+    """A config value is wrong; the message names the key, the value and what would be right."""
+
+
+def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
+    """Fail unless `value` is one of `choices`."""
+    choices = list(choices)
+    if value in choices:
+        return
+    noun = name.rsplit(".", 1)[-1]
+    message = f"{name}={value} is not a known {noun}; choose one of: {', '.join(map(str, choices))}"
+    close = difflib.get_close_matches(str(value), [str(c) for c in choices], n=1)
+    if close:
+        message += f" (did you mean {close[0]}?)"
+    raise ConfigError(message)
+
+
+def check_positive(name: str, value: Any) -> None:
+    """Fail unless `value` is a number > 0."""
+    check_range(name, value, low=0, low_open=True)
+
+
+def check_positive_int(name: str, value: Any) -> None:
+    """Fail unless `value` is an integer > 0 (counts: steps, layers, environments)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name}={value} must be a whole number > 0")
+    check_range(name, value, low=1)
+
+
+def check_range(
+    name: str,
+    value: Any,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> None:
+    """Fail unless `value` is a number between `low` and `high` (None: unbounded).
+
+    Bounds are included unless `low_open` / `high_open` say otherwise; NaN is never in range.
+    """
+    bounds = _describe_range(low, high, low_open, high_open)
+    if isinstance(value, bool) or not isinstance(value, Real) or math.isnan(value):
+        raise ConfigError(f"{name}={value} must be a number {bounds}".rstrip())
+    too_low = low is not None and (value <= low if low_open else value < low)
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        raise ConfigError(f"{name}={value} must be {bounds}")
+
+
+def _describe_range(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if low is None and high is None:
+        return ""
+    if high is None:
+        return f"{'>' if low_open else '>='} {low}"
+    if low is None:
+        return f"{'<' if high_open else '<='} {high}"
+    return f"in {'(' if low_open else '['}{low}, {high}{')' if high_open else ']'}"
+
+
+def exit_on_config_error(main: F) -> F:
+    """Decorate an entry point so a ConfigError prints one line to stderr and exits with code 2.
+
+    Put it under `@hydra.main` and validate the config first thing in `main`, so a bad value
+    stops the run before any work is done. Under `-m` the sweep stops at the first bad job.
+    """
+
+    @functools.wraps(main)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return main(*args, **kwargs)
+        except ConfigError as error:
+            print(f"Config error: {error}", file=sys.stderr)
+            sys.exit(CONFIG_ERROR_EXIT_CODE)
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,44 @@
+"""Atomic file writes: a reader sees the old file or the new one, never half of either."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+
+@contextlib.contextmanager
+def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
+    """Open a temporary file next to `path`; on success fsync it and rename it over `path`.
+
+    If the body raises (or the process dies), `path` keeps its previous content and the
+    temporary file is removed.
+    """
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_open writes whole files; mode must be 'w' or 'wb', not {mode!r}")
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, mode) as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def fsync_dir(directory: str | os.PathLike) -> None:
+    """Make a rename inside `directory` durable (a no-op where directories can't be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,201 @@
+"""Metrics: one JSON line per logging interval in RUN_DIR/metrics.jsonl, mirrored to W&B.
+
+The JSONL file is the record that needs no network: every line is a JSON object with an
+integer "step" and plain numbers (NaN and infinities are written as null), flushed and
+fsynced as soon as it is logged. Weights & Biases gets the same dicts when `wandb.mode` is
+offline (the default: files under RUN_DIR/wandb, upload later with `wandb sync`) or online.
+
+On resume from a checkpoint taken at step S, lines with step > S are dropped first, and the
+W&B run id stored in RUN_DIR/wandb_run_id is reused, so the metrics continue where the
+checkpoint left off, with nothing lost or repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import secrets
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from training.config import ConfigError, check_choice
+from training.files import atomic_open
+
+METRICS_FILE = "metrics.jsonl"
+WANDB_ID_FILE = "wandb_run_id"
+WANDB_MODES = ("disabled", "offline", "online")
+WANDB_DEFAULTS: dict[str, Any] = {
+    "mode": "offline",
+    "project": "expire-span-agents",
+    "entity": None,
+    "name": None,
+    "group": None,
+    "tags": [],
+}
+
+log = logging.getLogger(__name__)
+
+
+def check_wandb_config(wandb_cfg: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Validate the `wandb` config group and fill in defaults for missing keys."""
+    given = _to_dict(wandb_cfg) if wandb_cfg is not None else {}
+    unknown = sorted(set(given) - set(WANDB_DEFAULTS))
+    if unknown:
+        raise ConfigError(
+            f"unknown wandb option(s) {', '.join(unknown)}; known: {', '.join(WANDB_DEFAULTS)}"
+        )
+    options = {**WANDB_DEFAULTS, **given}
+    check_choice("wandb.mode", options["mode"], WANDB_MODES)
+    if isinstance(options["tags"], str):
+        raise ConfigError(f"wandb.tags={options['tags']} must be a list, e.g. wandb.tags=[a,b]")
+    return options
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """Read a metrics.jsonl file; a last line cut off by a crash (no newline yet) is ignored."""
+    path = Path(path)
+    records = []
+    with open(path) as file:
+        for number, line in enumerate(file, start=1):
+            if not line.endswith("\n"):
+                break
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{path}:{number} is not a JSON line: {error}") from error
+    return records
+
+
+def truncate_metrics(path: str | os.PathLike, step: int) -> None:
+    """Keep only the lines with step <= `step` (rewritten atomically); no file is fine."""
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = [record for record in read_metrics(path) if record["step"] <= step]
+    with atomic_open(path, "w") as file:
+        file.writelines(json.dumps(record, allow_nan=False) + "\n" for record in kept)
+
+
+class MetricsLogger:
+    """Appends metric dicts to RUN_DIR/metrics.jsonl and W&B; a no-op when not `enabled`.
+
+    `cfg` is the run's config: its `wandb` group (mode, project, entity, name, group, tags)
+    sets up W&B, and the whole of it, resolved, becomes the W&B run's config. Pass
+    `enabled=dist.is_main` so only rank 0 logs, and `resume_step=checkpoint["step"]` when
+    resuming; without it the run starts afresh and an old metrics.jsonl is removed.
+    """
+
+    def __init__(
+        self,
+        run_dir: str | os.PathLike,
+        cfg: Mapping[str, Any] | None = None,
+        *,
+        resume_step: int | None = None,
+        enabled: bool = True,
+    ) -> None:
+        wandb_options = check_wandb_config(cfg.get("wandb") if cfg is not None else None)
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / METRICS_FILE
+        self.enabled = enabled
+        self._file = None
+        self._wandb_run = None
+        if not enabled:
+            return
+        if resume_step is None:
+            self.path.unlink(missing_ok=True)
+        else:
+            truncate_metrics(self.path, resume_step)
+        self._file = open(self.path, "a")
+        if wandb_options["mode"] != "disabled":
+            self._wandb_run = self._start_wandb(wandb_options, cfg, resume_step is not None)
+
+    def log(self, metrics: Mapping[str, Any], step: int) -> None:
+        """Write one line {"step": step, **metrics} and send the same dict to W&B."""
+        if not self.enabled:
+            return
+        if "step" in metrics:
+            raise ValueError("pass the step as log(metrics, step=...), not inside metrics")
+        record = {"step": int(step)}
+        record.update((key, _to_number(key, value)) for key, value in metrics.items())
+        line = json.dumps(
+            {key: value if math.isfinite(value) else None for key, value in record.items()},
+            allow_nan=False,
+        )
+        self._file.write(line + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        if self._wandb_run is not None:
+            self._wandb_run.log(record)
+
+    def close(self, exit_code: int = 0) -> None:
+        """Close the file and finish the W&B run (idempotent)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self._wandb_run is not None:
+            self._wandb_run.finish(exit_code=exit_code)
+            self._wandb_run = None
+
+    def __enter__(self) -> MetricsLogger:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, traceback: Any) -> None:
+        self.close(exit_code=0 if exc_type is None else 1)
+
+    def _start_wandb(
+        self, options: dict[str, Any], cfg: Mapping[str, Any] | None, resuming: bool
+    ) -> Any:
+        # W&B suggests its LLM tracer when a module named `agents` is loaded (the OpenAI
+        # Agents SDK's name, and this project's); that is noise here. A user's setting wins.
+        os.environ.setdefault("WANDB_DISABLE_WEAVE", "true")
+        import wandb  # imported only when used: it takes a while to load
+
+        id_file = self.run_dir / WANDB_ID_FILE
+        if resuming and id_file.is_file():
+            run_id = id_file.read_text().strip()
+        else:
+            run_id = secrets.token_hex(6)
+            with atomic_open(id_file, "w") as file:
+                file.write(run_id + "\n")
+        offline = options["mode"] == "offline"
+        run = wandb.init(
+            mode=options["mode"],
+            project=options["project"],
+            entity=options["entity"],
+            name=options["name"],
+            group=options["group"],
+            tags=list(options["tags"]) or None,
+            config=_to_dict(cfg) if cfg is not None else None,
+            dir=str(self.run_dir),
+            id=run_id,
+            resume="allow",
+            # Offline, W&B's banner only says where the files are: one log line says it instead.
+            settings=wandb.Settings(silent=offline),
+        )
+        run.define_metric("*", step_metric="step")
+        if offline:
+            sync_dir = run.settings.sync_dir
+            log.info("W&B offline run in %s; upload it with: wandb sync %s", sync_dir, sync_dir)
+        return run
+
+
+def _to_dict(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    if isinstance(cfg, DictConfig):
+        return OmegaConf.to_container(cfg, resolve=True)
+    return dict(cfg)
+
+
+def _to_number(key: str, value: Any) -> float | int:
+    """Python number from a bool, int, float, NumPy scalar or one-element tensor."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, bool):
+        return int(value)
+    if not isinstance(value, (int, float)):
+        raise TypeError(f"metric {key!r} is {value!r}; metrics are numbers")
+    return value
