@@ -1,0 +1,146 @@
+"""The actor-critic agent: its learners' formulas and that block mode replays step mode."""
+
+import numpy as np
+import pytest
+import torch
+
+from agents import ActorCritic, LSTMCore
+from agents.learners import actor_critic_loss, generalized_advantages, ppo_loss
+from memory import KINDS, MemoryConfig, MemoryTransformer
+
+OBS_SHAPE = (3, 3, 7)
+
+
+def make_agent(kind: str) -> ActorCritic:
+    torch.manual_seed(0)
+    if kind == "lstm":
+        core = LSTMCore(dim=32)
+    else:
+        core = MemoryTransformer(
+            MemoryConfig(
+                kind=kind, dim=32, num_heads=2, ffn_dim=64, max_span=12, block_len=8, ramp=4
+            )
+        )
+    return ActorCritic(OBS_SHAPE, 4, core, dim=32)
+
+
+def discounted_return(rewards, dones, bootstrap, gamma):
+    """Reference: the n-step return of every step, walking backwards one element at a time."""
+    out = np.zeros_like(rewards)
+    for b in range(rewards.shape[0]):
+        running = bootstrap[b]
+        for t in reversed(range(rewards.shape[1])):
+            running = rewards[b, t] + gamma * running * (1 - dones[b, t])
+            out[b, t] = running
+    return out
+
+
+def test_advantages_with_lambda_one_are_n_step_returns_minus_values():
+    rng = np.random.default_rng(0)
+    rewards = rng.normal(size=(3, 9))
+    dones = (rng.random((3, 9)) < 0.2).astype(float)
+    values, bootstrap = rng.normal(size=(3, 9)), rng.normal(size=3)
+    advantages, targets = generalized_advantages(
+        *(torch.tensor(a) for a in (rewards, values, dones, bootstrap)), gamma=0.9, gae_lambda=1.0
+    )
+    expected = discounted_return(rewards, dones, bootstrap, 0.9)
+    np.testing.assert_allclose(targets.numpy(), expected, atol=1e-12)
+    np.testing.assert_allclose(advantages.numpy(), expected - values, atol=1e-12)
+
+
+def test_advantages_with_lambda_zero_are_one_step_td_errors():
+    rewards = torch.tensor([[1.0, 0.0, 2.0]])
+    values = torch.tensor([[0.5, 0.25, 1.0]])
+    dones = torch.tensor([[0.0, 1.0, 0.0]])
+    advantages, _ = generalized_advantages(
+        rewards, values, dones, torch.tensor([4.0]), gamma=0.5, gae_lambda=0.0
+    )
+    expected = [1.0 + 0.5 * 0.25 - 0.5, 0.0 - 0.25, 2.0 + 0.5 * 4.0 - 1.0]
+    torch.testing.assert_close(advantages, torch.tensor([expected]))
+
+
+def test_ppo_loss_equals_actor_critic_loss_at_ratio_one_with_normalised_advantages():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 4)
+    actions = torch.randint(0, 4, (2, 5))
+    values, returns, advantages = torch.randn(3, 2, 5)
+    old = torch.log_softmax(logits, -1).gather(-1, actions[..., None]).squeeze(-1)
+    ppo = ppo_loss(logits, values, actions, old, advantages, returns, clip=0.2)
+    normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    # At ratio 1 the clipped surrogate is the mean advantage (zero after normalisation).
+    assert ppo.policy.item() == pytest.approx(-normalised.mean().item(), abs=1e-6)
+    a2c = actor_critic_loss(logits, values, actions, normalised, returns)
+    assert ppo.value.item() == pytest.approx(a2c.value.item())
+    assert ppo.entropy.item() == pytest.approx(a2c.entropy.item())
+    assert a2c.entropy.item() <= np.log(4) + 1e-6
+
+
+def test_ppo_clips_the_ratio():
+    # The new policy gives the action probability 0.5; the behaviour policy gave it 0.25 at
+    # step 0 (ratio 2) and 0.5 at step 1 (ratio 1).
+    logits = torch.zeros(1, 2, 2)
+    actions = torch.zeros(1, 2, dtype=torch.long)
+    old = torch.log(torch.tensor([[0.25, 0.5]]))
+    loss = ppo_loss(
+        logits,
+        torch.zeros(1, 2),
+        actions,
+        old,
+        torch.tensor([[1.0, -1.0]]),
+        torch.zeros(1, 2),
+        clip=0.2,
+    )
+    normalised = torch.tensor([1.0, -1.0]) / torch.tensor([1.0, -1.0]).std()
+    # Step 0: ratio 2 clipped to 1.2 for a positive advantage; step 1: ratio 1.
+    expected = -(1.2 * normalised[0] + 1.0 * normalised[1]) / 2
+    assert loss.policy.item() == pytest.approx(expected.item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", [*KINDS, "lstm"])
+def test_block_mode_replays_what_step_mode_did(kind):
+    """The learner recomputes an unroll in block mode from the memory it started with; its
+    log-probabilities and values must be those the actor had, episode boundaries included."""
+    agent = make_agent(kind).eval()
+    B, T = 3, 8
+    rng = np.random.default_rng(1)
+    state = agent.initial_state(B)
+    for unroll in range(3):
+        obs = torch.as_tensor(rng.integers(0, 2, size=(B, T, *OBS_SHAPE)), dtype=torch.uint8)
+        starts = torch.as_tensor(rng.random((B, T)) < 0.15)
+        if unroll == 0:
+            starts[:, 0] = True
+        unroll_state = state
+        acted_log_probs, acted_values, actions = [], [], []
+        for t in range(T):
+            action, log_prob, value, out = agent.act(obs[:, t], state, starts[:, t])
+            state = out.state
+            acted_log_probs.append(log_prob)
+            acted_values.append(value)
+            actions.append(action)
+        with torch.no_grad():
+            logits, values, _ = agent(obs, unroll_state, starts)
+        log_probs = torch.log_softmax(logits, -1).gather(-1, torch.stack(actions, 1)[..., None])
+        torch.testing.assert_close(values, torch.stack(acted_values, 1), atol=1e-5, rtol=0)
+        torch.testing.assert_close(
+            log_probs.squeeze(-1), torch.stack(acted_log_probs, 1), atol=1e-5, rtol=0
+        )
+
+
+def test_greedy_action_is_the_argmax_and_sampling_follows_the_policy():
+    agent = make_agent("lstm").eval()
+    obs = torch.zeros(4000, *OBS_SHAPE, dtype=torch.uint8)
+    obs[:, 0, 0, 0] = 1
+    start = torch.ones(4000, dtype=torch.bool)
+    with torch.no_grad():
+        agent.policy.bias.copy_(torch.tensor([1.0, 0.0, -1.0, 0.5]))
+    state = agent.initial_state(4000)
+    greedy, *_ = agent.act(obs, state, start, greedy=True)
+    sampled, log_prob, _, out = agent.act(obs, state, start)
+    logits = agent.policy(out.hidden)
+    assert torch.equal(greedy, logits.argmax(-1))
+    probs = torch.softmax(logits[0], -1)
+    counts = torch.bincount(sampled, minlength=4).float() / len(sampled)
+    torch.testing.assert_close(counts, probs, atol=0.03, rtol=0)
+    torch.testing.assert_close(
+        log_prob, torch.log_softmax(logits, -1).gather(-1, sampled[:, None]).squeeze(-1)
+    )

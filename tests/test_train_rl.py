@@ -1,0 +1,140 @@
+"""train_rl.py from the command line: config errors, resume after a kill, evaluation,
+torchrun with two processes."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+# A tiny, fast run: 4 environments, unrolls of 10 steps, short corridors.
+TINY = [
+    "env.max_length=5",
+    "num_envs=4",
+    "unroll_len=10",
+    "memory.dim=16",
+    "memory.num_heads=2",
+    "memory.ffn_dim=32",
+    "memory.max_span=16",
+    "memory.block_len=10",
+    "wandb.mode=disabled",
+    "log_interval=1",
+]
+STEPS_PER_UPDATE = 4 * 10
+
+
+def run(args, run_dir, timeout=300, launcher=(sys.executable,)):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [*launcher, str(ROOT / "train_rl.py"), *args, f"hydra.run.dir={run_dir}"],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        env=env,
+    )
+
+
+def steps_logged(run_dir):
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines]
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("memory.max_span=-1", "max_span"),
+        ("num_envs=0", "num_envs"),
+        ("agent.optimizer=sgd", "rmsprop"),
+        ("wandb.mode=sometimes", "offline"),
+        ("mode=eval", "checkpoint=PATH"),
+    ],
+)
+def test_bad_config_is_a_clear_error_before_any_work(tmp_path, override, expected):
+    result = run([override], tmp_path / "run")
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_unknown_env_names_the_valid_choices(tmp_path):
+    result = run(["env=corridr"], tmp_path / "run")
+    assert result.returncode != 0
+    for choice in ("corridor", "portal", "minigrid_memory"):
+        assert choice in result.stderr
+
+
+def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*TINY, "checkpoint_interval=3", f"total_steps={1000 * STEPS_PER_UPDATE}"]
+    command = [sys.executable, str(ROOT / "train_rl.py"), *args, f"hydra.run.dir={run_dir}"]
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "the run logged too slowly"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    killed_at = steps_logged(run_dir)[-1]
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert checkpoint["step"] % (3 * STEPS_PER_UPDATE) == 0 and checkpoint["step"] <= killed_at
+
+    final_updates = killed_at // STEPS_PER_UPDATE + 3
+    result = run(
+        [*args[:-1], f"total_steps={final_updates * STEPS_PER_UPDATE}", "resume=true"], run_dir
+    )
+    assert result.returncode == 0, result.stderr
+    expected = [STEPS_PER_UPDATE * (u + 1) for u in range(final_updates)]
+    assert steps_logged(run_dir) == expected
+    resumed = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert resumed["step"] == expected[-1]
+
+
+def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
+    result = run([*TINY, "resume=true"], tmp_path / "empty")
+    assert result.returncode == 2
+    assert "checkpoint" in result.stderr and "empty" in result.stderr
+
+
+def test_eval_reports_success_and_records_an_episode(tmp_path):
+    run_dir = tmp_path / "run"
+    result = run([*TINY, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    trace, gif = tmp_path / "episode.txt", tmp_path / "episode.gif"
+    for record in (trace, gif):
+        result = run(
+            ["mode=eval", f"checkpoint={run_dir}", "eval.episodes=8", f"eval.record={record}"],
+            tmp_path / "eval",
+        )
+        assert result.returncode == 0, result.stderr
+        outcome = json.loads(result.stdout.strip().splitlines()[-1])
+        assert outcome["episodes"] >= 8 and 0.0 <= outcome["success"] <= 1.0
+        assert record.stat().st_size > 0
+    frames = trace.read_text().split("\n\n")
+    assert len(frames) >= 2 and all("@" in frame for frame in frames)
+    assert gif.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
+
+
+def test_torchrun_keeps_parameters_identical_across_two_processes(tmp_path):
+    run_dir = tmp_path / "run"
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2")
+    result = run(
+        [*TINY, f"total_steps={6 * 2 * STEPS_PER_UPDATE}", "checkpoint_interval=2"],
+        run_dir,
+        launcher=launcher,
+    )
+    assert result.returncode == 0, result.stderr
+    # Each update covers both processes' environments.
+    assert steps_logged(run_dir) == [2 * STEPS_PER_UPDATE * (u + 1) for u in range(6)]
+    checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    first, second = checkpoint["parameter_digests"]
+    assert first == second

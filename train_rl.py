@@ -1,0 +1,387 @@
+"""Train an actor-critic agent with a memory core: `python train_rl.py env=corridor`.
+
+The loop reads top to bottom: check the config, build the environments and the agent, then
+repeat: act for T steps in step mode, recompute the unroll in block mode from the memory
+carried over from the previous unroll (BPTT over T), take an update (A2C) or a few (PPO),
+log, checkpoint. `mode=eval checkpoint=PATH` runs greedy episodes instead. Under
+`torchrun` every rank steps its own environments and gradients are all-reduced.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import gymnasium as gym
+import hydra
+import imageio
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+
+import envs
+from agents import ActorCritic, LSTMCore
+from agents.learners import actor_critic_loss, generalized_advantages, ppo_loss
+from memory import KINDS, MemoryConfig, MemoryTransformer
+from training import (
+    ConfigError,
+    MetricsLogger,
+    all_gather_object,
+    check_choice,
+    check_positive,
+    check_positive_int,
+    check_wandb_config,
+    cleanup_distributed,
+    exit_on_config_error,
+    get_run_dir,
+    load_checkpoint,
+    progress_bar,
+    rank_seed,
+    restore_rng_state,
+    resume_checkpoint,
+    rng_state,
+    save_checkpoint,
+    save_resolved_config,
+    seed_everything,
+    set_metrics,
+    setup_distributed,
+)
+
+ENV_NAMES = ("corridor", "portal", "minigrid_memory")
+LEARNERS = ("a2c", "ppo")
+PROGRESS_KEYS = ("return", "success", "rooms_reached", "memory_size")
+ENV_META_KEYS = ("name", "id")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Reject impossible settings before any work is done."""
+    check_choice("mode", cfg.mode, ("train", "eval"))
+    check_choice("env", cfg.env.name, ENV_NAMES)
+    check_choice("agent", cfg.agent.name, LEARNERS)
+    check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam"))
+    for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
+        check_positive_int(key, cfg[key])
+    check_positive("agent.lr", cfg.agent.lr)
+    check_wandb_config(cfg.wandb)
+    if cfg.mode == "eval" and cfg.checkpoint is None:
+        raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
+    check_choice("memory", cfg.memory.kind, (*KINDS, "lstm"))
+    try:
+        build_core(cfg.memory)  # the memory config checks its own fields
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+
+
+def build_core(memory_cfg: DictConfig) -> torch.nn.Module:
+    fields = OmegaConf.to_container(memory_cfg, resolve=True)
+    if fields["kind"] == "lstm":
+        return LSTMCore(dim=fields["dim"], num_layers=fields.get("num_layers", 1))
+    return MemoryTransformer(MemoryConfig(**fields))
+
+
+def build_agent(cfg: DictConfig, obs_space: gym.Space, action_space: gym.Space) -> ActorCritic:
+    return ActorCritic(obs_space.shape, action_space.n, build_core(cfg.memory), cfg.memory.dim)
+
+
+def env_kwargs(env_cfg: DictConfig) -> dict:
+    """The env config's fields other than its name and id are the env's keyword arguments."""
+    return {k: v for k, v in env_cfg.items() if k not in ENV_META_KEYS and v is not None}
+
+
+def make_envs(env_cfg: DictConfig, num_envs: int):
+    """The batched environments training uses, autoresetting in the same step."""
+    kwargs = env_kwargs(env_cfg)
+    if env_cfg.name == "minigrid_memory":
+        return envs.make_minigrid_memory_vec(
+            env_cfg.id, num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs
+        )
+    return gym.make_vec(
+        env_cfg.id,
+        num_envs=num_envs,
+        vectorization_mode="vector_entry_point",
+        autoreset_mode=AutoresetMode.SAME_STEP,
+        **kwargs,
+    )
+
+
+def make_single_env(env_cfg: DictConfig, render_mode: str | None = None) -> gym.Env:
+    if env_cfg.name == "minigrid_memory":
+        return envs.make_minigrid_memory(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
+    return gym.make(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """A hash of every parameter's bytes: equal on all DDP ranks while they stay in sync."""
+    flat = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
+    return hashlib.sha1(flat.numpy().tobytes()).hexdigest()
+
+
+def make_optimizer(agent_cfg: DictConfig, params) -> torch.optim.Optimizer:
+    if agent_cfg.optimizer == "rmsprop":
+        return torch.optim.RMSprop(params, lr=agent_cfg.lr, eps=1e-5)
+    return torch.optim.Adam(params, lr=agent_cfg.lr, eps=1e-5)
+
+
+class EpisodeStats:
+    """Running returns and lengths of a batch of environments, and the task's outcome of every
+    episode that ends (`success`, and `rooms_reached` for Portal), which environments that
+    autoreset in the same step report in `info["final_info"]`."""
+
+    OUTCOMES = ("success", "rooms_reached")
+
+    def __init__(self, num_envs: int) -> None:
+        self.running_return = np.zeros(num_envs)
+        self.running_length = np.zeros(num_envs, dtype=np.int64)
+        self.finished: dict[str, list[float]] = {}
+
+    def record(self, reward: np.ndarray, done: np.ndarray, info: dict) -> None:
+        self.running_return += reward
+        self.running_length += 1
+        if not done.any():
+            return
+        self._add("return", self.running_return[done])
+        self._add("episode_length", self.running_length[done])
+        final_info = info.get("final_info", {})
+        for key in self.OUTCOMES:
+            if key in final_info:
+                self._add(key, final_info[key][final_info[f"_{key}"]])
+        self.running_return[done] = 0.0
+        self.running_length[done] = 0
+
+    def _add(self, key: str, values: np.ndarray) -> None:
+        self.finished.setdefault(key, []).extend(values.astype(float).tolist())
+
+    @property
+    def episodes(self) -> int:
+        return len(self.finished.get("return", []))
+
+    def summary(self) -> dict[str, float]:
+        """Means over the episodes finished since the last summary, then forget them."""
+        means = {key: float(np.mean(values)) for key, values in self.finished.items()}
+        means["episodes"] = self.episodes
+        self.finished = {}
+        return means
+
+
+def train(cfg: DictConfig) -> None:
+    dist = setup_distributed(cfg.device)
+    torch.set_num_threads(cfg.torch_threads)
+    seed_everything(rank_seed(cfg.seed, dist.rank))
+    run_dir = get_run_dir(dist)
+    checkpoint = resume_checkpoint(run_dir, cfg.resume)
+    B, T = cfg.num_envs, cfg.unroll_len
+    steps_per_update = B * T * dist.world_size
+    num_updates = math.ceil(cfg.total_steps / steps_per_update)
+
+    vec_env = make_envs(cfg.env, B)
+    obs, _ = vec_env.reset(seed=rank_seed(cfg.seed, dist.rank))
+    agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
+    agent.to(dist.device)
+    learner = (
+        DistributedDataParallel(agent, broadcast_buffers=False) if dist.world_size > 1 else agent
+    )
+    optimizer = make_optimizer(cfg.agent, agent.parameters())
+
+    first_update = 0
+    if checkpoint is not None:
+        agent.load_state_dict(checkpoint["agent"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        restore_rng_state(checkpoint["rng"][dist.rank])
+        first_update = checkpoint["update"]
+    if dist.is_main:
+        save_resolved_config(run_dir, cfg)
+    logger = MetricsLogger(
+        run_dir, cfg, enabled=dist.is_main, resume_step=checkpoint["step"] if checkpoint else None
+    )
+    progress = progress_bar(
+        num_updates * steps_per_update,
+        initial=first_update * steps_per_update,
+        enabled=dist.is_main,
+    )
+
+    device = dist.device
+    obs_buf = torch.zeros(
+        (B, T, *vec_env.single_observation_space.shape), dtype=torch.uint8, device=device
+    )
+    actions = torch.zeros((B, T), dtype=torch.long, device=device)
+    log_probs, values, rewards, dones = (torch.zeros((B, T), device=device) for _ in range(4))
+    starts = torch.zeros((B, T), dtype=torch.bool, device=device)
+
+    obs = torch.as_tensor(obs, device=device)
+    episode_start = torch.ones(B, dtype=torch.bool, device=device)
+    state = agent.initial_state(B, device)
+    stats = EpisodeStats(B)
+    interval = {
+        "memory_size": 0.0,
+        "aux_loss": 0.0,
+        "policy_loss": 0.0,
+        "value_loss": 0.0,
+        "entropy": 0.0,
+    }
+    interval_start, updates_in_interval = time.perf_counter(), 0
+
+    for update in range(first_update, num_updates):
+        # Act for T steps in step mode; remember the memory the unroll starts from.
+        agent.eval()
+        unroll_state = state
+        memory_size = 0.0
+        for t in range(T):
+            obs_buf[:, t] = obs
+            starts[:, t] = episode_start
+            action, log_probs[:, t], values[:, t], out = agent.act(obs, state, episode_start)
+            state, actions[:, t] = out.state, action
+            memory_size += out.memory_size
+            next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
+            done = terminated | truncated
+            stats.record(reward, done, info)
+            rewards[:, t] = torch.as_tensor(reward, device=device)
+            dones[:, t] = torch.as_tensor(done, device=device)
+            obs = torch.as_tensor(next_obs, device=device)
+            episode_start = torch.as_tensor(done, device=device)
+        _, _, bootstrap_value, _ = agent.act(obs, state, episode_start)  # its state is not kept
+
+        # Learn in block mode over the unroll (truncation is treated as termination).
+        agent.train()
+        advantages, returns = generalized_advantages(
+            rewards, values, dones, bootstrap_value, cfg.agent.gamma, cfg.agent.gae_lambda
+        )
+        for _ in range(cfg.agent.get("epochs", 1)):
+            logits, new_values, out = learner(obs_buf, unroll_state, starts)
+            if cfg.agent.name == "ppo":
+                terms = ppo_loss(
+                    logits, new_values, actions, log_probs, advantages, returns, cfg.agent.clip
+                )
+            else:
+                terms = actor_critic_loss(logits, new_values, actions, advantages, returns)
+            loss = terms.total(cfg.agent.value_coef, cfg.agent.entropy_coef) + out.aux_loss
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.agent.max_grad_norm:
+                torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.agent.max_grad_norm)
+            optimizer.step()
+
+        for key, value in (
+            ("memory_size", memory_size / T),
+            ("aux_loss", out.aux_loss.item()),
+            ("policy_loss", terms.policy.item()),
+            ("value_loss", terms.value.item()),
+            ("entropy", terms.entropy.item()),
+        ):
+            interval[key] += value
+        updates_in_interval += 1
+        step = (update + 1) * steps_per_update
+        progress.update(steps_per_update)
+
+        if (update + 1) % cfg.log_interval == 0 or update + 1 == num_updates:
+            elapsed = time.perf_counter() - interval_start
+            metrics = {key: value / updates_in_interval for key, value in interval.items()}
+            metrics.update(stats.summary())
+            metrics.update(update=update + 1, sps=updates_in_interval * steps_per_update / elapsed)
+            logger.log(metrics, step=step)
+            set_metrics(progress, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
+            interval = dict.fromkeys(interval, 0.0)
+            interval_start, updates_in_interval = time.perf_counter(), 0
+        if (update + 1) % cfg.checkpoint_interval == 0 or update + 1 == num_updates:
+            # Every rank takes part: RNG states and parameter digests are gathered.
+            rng_states = all_gather_object(rng_state(), dist)
+            digests = all_gather_object(parameter_digest(agent), dist)
+            if len(set(digests)) > 1:
+                raise RuntimeError(f"DDP ranks hold different parameters: {digests}")
+            if dist.is_main:
+                save_checkpoint(
+                    run_dir,
+                    {
+                        "agent": agent.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "update": update + 1,
+                        "step": step,
+                        "rng": rng_states,
+                        "parameter_digests": digests,
+                        "config": OmegaConf.to_container(cfg, resolve=True),
+                    },
+                )
+    progress.close()
+    logger.close()
+    vec_env.close()
+    cleanup_distributed()
+
+
+def evaluate(cfg: DictConfig) -> None:
+    """Runs episodes with a trained agent and prints their outcome as one JSON line; with
+    `eval.record=FILE` also writes one episode as a GIF/MP4 (rgb frames) or text (ansi)."""
+    checkpoint = load_checkpoint(cfg.checkpoint)
+    if checkpoint is None:
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: no checkpoint file there")
+    trained = OmegaConf.create(checkpoint["config"])
+    torch.set_num_threads(cfg.torch_threads)
+    vec_env = make_envs(trained.env, cfg.eval.num_envs)
+    agent = build_agent(trained, vec_env.single_observation_space, vec_env.single_action_space)
+    agent.load_state_dict(checkpoint["agent"])
+    agent.eval()
+
+    obs, _ = vec_env.reset(seed=cfg.seed)
+    obs = torch.as_tensor(obs)
+    episode_start = torch.ones(cfg.eval.num_envs, dtype=torch.bool)
+    state = agent.initial_state(cfg.eval.num_envs)
+    stats = EpisodeStats(cfg.eval.num_envs)
+    memory_sizes = []
+    while stats.episodes < cfg.eval.episodes:
+        action, _, _, out = agent.act(obs, state, episode_start, greedy=cfg.eval.greedy)
+        state = out.state
+        memory_sizes.append(out.memory_size)
+        next_obs, reward, terminated, truncated, info = vec_env.step(action.numpy())
+        done = terminated | truncated
+        stats.record(reward, done, info)
+        obs, episode_start = torch.as_tensor(next_obs), torch.as_tensor(done)
+    vec_env.close()
+    result = stats.summary()
+    result.update(memory_size=float(np.mean(memory_sizes)), checkpoint=str(cfg.checkpoint))
+    if cfg.eval.record:
+        result["record"] = record_episode(agent, trained.env, Path(cfg.eval.record), cfg)
+    print(json.dumps(result))
+
+
+def record_episode(agent: ActorCritic, env_cfg: DictConfig, path: Path, cfg: DictConfig) -> str:
+    """Plays one episode in a single environment and writes its frames to `path`."""
+    suffix = path.suffix.lower()
+    if suffix not in (".gif", ".mp4", ".txt"):
+        raise ConfigError(f"eval.record={path}: use a .gif, .mp4 or .txt (ansi trace) file")
+    env = make_single_env(env_cfg, render_mode="ansi" if suffix == ".txt" else "rgb_array")
+    obs, _ = env.reset(seed=cfg.seed)
+    state = agent.initial_state(1)
+    episode_start = torch.ones(1, dtype=torch.bool)
+    frames, done = [env.render()], False
+    while not done:
+        action, _, _, out = agent.act(
+            torch.as_tensor(obs)[None], state, episode_start, greedy=cfg.eval.greedy
+        )
+        state, episode_start = out.state, torch.zeros(1, dtype=torch.bool)
+        obs, _, terminated, truncated, _ = env.step(int(action))
+        frames.append(env.render())
+        done = terminated or truncated
+    env.close()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if suffix == ".txt":
+        path.write_text("\n\n".join(frames))
+    else:
+        imageio.mimsave(path, frames, **({"duration": 0.15} if suffix == ".gif" else {"fps": 8}))
+    return str(path)
+
+
+@hydra.main(config_path="configs", config_name="rl", version_base=None)
+@exit_on_config_error
+def main(cfg: DictConfig) -> None:
+    check_config(cfg)
+    if cfg.mode == "eval":
+        evaluate(cfg)
+    else:
+        train(cfg)
+
+
+if __name__ == "__main__":
+    main()
