@@ -26,7 +26,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import envs
 from agents import ActorCritic, LSTMCore
-from agents.learners import actor_critic_loss, generalized_advantages, ppo_loss
+from agents.learners import LossTerms, actor_critic_loss, generalized_advantages, ppo_loss
 from memory import KINDS, MemoryConfig, MemoryTransformer
 from training import (
     ConfigError,
@@ -125,6 +125,22 @@ def make_optimizer(agent_cfg: DictConfig, params) -> torch.optim.Optimizer:
     if agent_cfg.optimizer == "rmsprop":
         return torch.optim.RMSprop(params, lr=agent_cfg.lr, eps=1e-5)
     return torch.optim.Adam(params, lr=agent_cfg.lr, eps=1e-5)
+
+
+ALL = slice(None)
+
+
+def minibatches(batch_size: int, count: int) -> list:
+    """Random disjoint sets of whole environment sequences (each keeps its own memory)."""
+    return [ALL] if count == 1 else list(torch.randperm(batch_size).chunk(count))
+
+
+def learner_loss(
+    agent_cfg: DictConfig, logits, values, actions, old_log_probs, advantages, returns
+) -> LossTerms:
+    if agent_cfg.name == "ppo":
+        return ppo_loss(logits, values, actions, old_log_probs, advantages, returns, agent_cfg.clip)
+    return actor_critic_loss(logits, values, actions, advantages, returns)
 
 
 class EpisodeStats:
@@ -250,20 +266,25 @@ def train(cfg: DictConfig) -> None:
         advantages, returns = generalized_advantages(
             rewards, values, dones, bootstrap_value, cfg.agent.gamma, cfg.agent.gae_lambda
         )
-        for _ in range(cfg.agent.get("epochs", 1)):
-            logits, new_values, out = learner(obs_buf, unroll_state, starts)
-            if cfg.agent.name == "ppo":
-                terms = ppo_loss(
-                    logits, new_values, actions, log_probs, advantages, returns, cfg.agent.clip
+        for _ in range(cfg.agent.epochs):
+            for index in minibatches(B, cfg.agent.minibatches):
+                start = unroll_state if index is ALL else unroll_state.select(index)
+                logits, new_values, out = learner(obs_buf[index], start, starts[index])
+                terms = learner_loss(
+                    cfg.agent,
+                    logits,
+                    new_values,
+                    actions[index],
+                    log_probs[index],
+                    advantages[index],
+                    returns[index],
                 )
-            else:
-                terms = actor_critic_loss(logits, new_values, actions, advantages, returns)
-            loss = terms.total(cfg.agent.value_coef, cfg.agent.entropy_coef) + out.aux_loss
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.agent.max_grad_norm:
-                torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.agent.max_grad_norm)
-            optimizer.step()
+                loss = terms.total(cfg.agent.value_coef, cfg.agent.entropy_coef) + out.aux_loss
+                optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.agent.max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.agent.max_grad_norm)
+                optimizer.step()
 
         for key, value in (
             ("memory_size", memory_size / T),

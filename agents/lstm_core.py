@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
 from memory import CoreOutput
 
 
+class LSTMState(NamedTuple):
+    h: torch.Tensor  # (num_layers, B, dim)
+    c: torch.Tensor  # (num_layers, B, dim)
+
+    def select(self, index) -> LSTMState:
+        """The state of the batch elements ``index`` (e.g. a minibatch of environments)."""
+        return LSTMState(self.h[:, index], self.c[:, index])
+
+
 class LSTMCore(nn.Module):
     """A stack of LSTM layers that runs in block mode and step mode like
     `memory.MemoryTransformer`, so the agent swaps one for the other unchanged.
 
-    The state is `(h, c)`, each `(num_layers, B, dim)`. An `episode_start` flag zeroes the
+    The state is an `LSTMState(h, c)`. An `episode_start` flag zeroes the
     state of that element before the step it marks. `memory_size` is reported as 1: the
     core carries one summary vector per layer, not a set of past hidden states.
     """
@@ -24,11 +35,11 @@ class LSTMCore(nn.Module):
         self.lstm = nn.LSTM(dim, dim, num_layers=num_layers, batch_first=True)
         self.norm = nn.LayerNorm(dim)
 
-    def initial_state(self, batch_size: int, device: torch.device | str = "cpu"):
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> LSTMState:
         zeros = torch.zeros(self.num_layers, batch_size, self.dim, device=device)
-        return zeros, zeros.clone()
+        return LSTMState(zeros, zeros.clone())
 
-    def forward(self, x: torch.Tensor, state, episode_start: torch.Tensor | None = None):
+    def forward(self, x: torch.Tensor, state: LSTMState, episode_start: torch.Tensor | None = None):
         """Block mode: x (B, K, dim), episode_start (B, K) bool."""
         h, c = state
         if episode_start is None or not bool(episode_start[:, 1:].any()):
@@ -45,9 +56,9 @@ class LSTMCore(nn.Module):
                 outputs.append(out)
             hidden = torch.cat(outputs, dim=1)
         zero = x.new_zeros(())
-        return CoreOutput(self.norm(hidden), (h.detach(), c.detach()), zero, 1.0)
+        return CoreOutput(self.norm(hidden), LSTMState(h.detach(), c.detach()), zero, 1.0)
 
-    def step(self, x: torch.Tensor, state, episode_start: torch.Tensor | None = None):
+    def step(self, x: torch.Tensor, state: LSTMState, episode_start: torch.Tensor | None = None):
         """Step mode: x (B, dim), episode_start (B,) bool."""
         start = None if episode_start is None else episode_start[:, None]
         out = self.forward(x[:, None], state, start)

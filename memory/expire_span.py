@@ -1,0 +1,84 @@
+"""Expire-Span (Sukhbaatar et al. 2021, section 4): every memory predicts how long it lives.
+
+Auxiliary loss, as section 4.2 ("Loss Computation") has it: the L1 penalty alpha * sum_i
+e_i / T of eq. 7 is not taken when memory i is written but while it is on the ramp, i.e.
+for the queries t of the current call with 0 < m_ti < 1 -- the same queries through which
+the task loss pushes e_i up. Memory i spends (about) R queries on the ramp, so each of
+them carries 1/R of its penalty:
+
+    aux = alpha / (R * T) * sum_{t in call} sum_{i : 0 < m_ti < 1} e_i,   averaged over the batch,
+
+with T the number of queries in the call. Memories of earlier calls (spans recomputed
+from their stored h_i with the current w, b) and memories of the current call alike are
+penalised this way; summed over a memory's life the penalty is alpha * e_i / T, eq. 7.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from memory.config import MemoryConfig
+from memory.kind import Call, MemoryKind, ramp_mask
+
+
+class SpanPredictor(nn.Module):
+    """e_i = L sigmoid(w.h_i + b) (eq. 3), or L sigmoid((w.h_i + b) / R) (eq. 8)."""
+
+    def __init__(self, cfg: MemoryConfig) -> None:
+        super().__init__()
+        self.max_span = cfg.max_span
+        self.divisor = cfg.ramp if cfg.scaled_span else 1.0
+        self.linear = nn.Linear(cfg.dim, 1)
+        # A.1: start with small spans: w = 0 and e_i = init_span_fraction * L for every memory
+        nn.init.zeros_(self.linear.weight)
+        p = cfg.init_span_fraction
+        nn.init.constant_(self.linear.bias, math.log(p / (1 - p)) * self.divisor)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """Expire-spans of memories ``hidden`` (B, N, dim): (B, N) in [0, L]."""
+        logit = self.linear(hidden).squeeze(-1)
+        if self.divisor != 1:
+            logit = logit / self.divisor
+        return self.max_span * torch.sigmoid(logit)
+
+
+def expire_mask(relative: Tensor, span: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
+    """m_ti = clamp(1 + r_ti / R, 0, 1), remaining span r_ti = e_i - (t - i) (eq. 5).
+
+    Memories at i = s + relative (B, N) with spans e_i (B, N), queries at t = s + offsets
+    (Q,) (None: t = s); returns (B, Q, N)."""
+    return ramp_mask(1 + (span + relative) / ramp, offsets, ramp)
+
+
+def expire_span_loss(mask: Tensor, span: Tensor, ramp: float, coef: float) -> Tensor:
+    """alpha / (R T) * sum of e_i over the (query, memory) pairs on the ramp (eq. 7, 4.2).
+
+    ``mask`` (B, T, N) is m_ti (0 for keys a query must not see), ``span`` (B, N) is e_i.
+    """
+    batch, queries, _ = mask.shape
+    on_ramp = (mask > 0) & (mask < 1)
+    return (on_ramp * span[:, None, :]).sum() * (coef / (ramp * queries * batch))
+
+
+class ExpireSpan(MemoryKind):
+    """One expire-span per memory and layer, shared by all heads (4.2)."""
+
+    stores_span = True
+
+    def __init__(self, cfg: MemoryConfig) -> None:
+        super().__init__(cfg)
+        self.ramp = cfg.ramp
+        self.coef = cfg.aux_loss_coef
+        self.predictor = SpanPredictor(cfg)
+
+    def span(self, hidden: Tensor) -> Tensor:
+        return self.predictor(hidden)
+
+    def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
+        return expire_mask(relative, span, offsets, self.ramp)
+
+    def loss(self, mask: Tensor, span: Tensor | None, call: Call) -> Tensor:
+        return expire_span_loss(mask, span, self.ramp, self.coef)

@@ -1,0 +1,181 @@
+"""What every memory kind shares: which memories a query may see, masking, deletion.
+
+A query at time t of batch element b may attend to memory i (time index i) when i is in
+the same episode (i >= the episode begin seen by that query) and i <= t (causal; the
+query sees itself). On top of that each kind defines a mask m_ti in [0, 1] (``mask``);
+the attention weights are multiplied by it and renormalised (eq. 4, in
+``memory.attention``). A memory whose mask is 0 for the next query can never be seen
+again (every mask here only shrinks as t grows) and is deleted (``alive``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+
+from memory.attention import MemoryAttention, Segment, log_mask
+from memory.config import MemoryConfig
+from memory.store import Slots, SlotStore
+
+Alive = Callable[[Slots, int, Tensor], Tensor]
+
+
+@dataclass
+class Call:
+    """One call of the core (a block of Q >= 1 timesteps), as every layer sees it."""
+
+    start: int  # time index of the first query
+    positions: Tensor  # (B, Q) int64: time index of each query (and of the memory it writes)
+    query_begin: Tensor  # (B, Q) int64: episode begin seen by each query
+    memory_begin: Tensor  # (B,) int64: episode begin before this call (that of the memories)
+    in_place: bool  # step mode without gradients: append into the memory buffers
+    recompute: bool  # gradients on: recompute memory keys, values and spans with live weights
+    shortening: float | None  # random memory shortening: attend only to t - i <= l (4.2)
+    dtype: torch.dtype
+    offsets: Tensor | None  # (Q,) t - start of every query, in dtype; None for one query
+
+    @property
+    def num_queries(self) -> int:
+        return self.positions.shape[1]
+
+    @property
+    def next_time(self) -> int:
+        return self.start + self.num_queries
+
+    @property
+    def next_begin(self) -> Tensor:
+        return self.query_begin[:, -1]
+
+    def visible(self, position: Tensor) -> Tensor:
+        """Whether query t may see memory i at all: same episode and i <= t, (B, Q, N)."""
+        visible = position[:, None, :] >= self.query_begin[:, :, None]
+        if self.num_queries > 1:
+            visible &= position[:, None, :] <= self.positions[:, :, None]
+        return visible
+
+
+class Read(NamedTuple):
+    """What a layer's memory gives its attention for one call."""
+
+    segments: list[Segment]  # attended to jointly; the last one ends with the position window
+    width: int  # keys in the position window (see MemoryAttention.forward)
+    window: Tensor | None  # their time offsets, or None when consecutive
+    aux_loss: Tensor  # the kind's auxiliary loss for this call and layer
+    count: Tensor  # sum over queries of the number of keys with m_ti > 0 (mean over heads)
+    memory: SlotStore  # this layer's memory after the call
+    compressed: SlotStore | None = None  # compressive: compressed memories after the call
+
+
+def ramp_mask(start: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
+    """clamp(start_i - offset_t / R, 0, 1) for every query offset: (..., Q, N) from (..., N)."""
+    if offsets is None:
+        return start[..., None, :].clamp(0, 1)
+    return (start[..., None, :] - (offsets / ramp)[:, None]).clamp(0, 1)
+
+
+class MemoryKind(nn.Module):
+    """How one layer masks, penalises and deletes its memories. Subclasses: one per paper."""
+
+    stores_span = False  # a span per memory (``span``) is stored with it
+    compresses = False  # the state holds compressed memories besides the recent ones
+
+    def __init__(self, cfg: MemoryConfig) -> None:
+        super().__init__()
+        self.max_span = cfg.max_span
+        self.window = cfg.block_len - 1  # memories before a call that can get a position term
+
+    # --- what subclasses define ------------------------------------------------------
+    def span(self, hidden: Tensor) -> Tensor | None:
+        """Per-memory value computed when a memory is written (Expire-Span's e_i)."""
+        return None
+
+    def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
+        """m_ti for memories at i = s + relative (B, N) and queries at t = s + offsets (Q,)
+        (None: one query, t = s). Returns (B, Q, N), or (B, H, Q, N) when every head has
+        its own mask; bool for a hard mask, else float in [0, 1]."""
+        raise NotImplementedError
+
+    def loss(self, mask: Tensor, span: Tensor | None, call: Call) -> Tensor:
+        """Auxiliary loss of this layer for the call; ``mask`` already hides invisible keys."""
+        return mask.new_zeros(())
+
+    # --- shared machinery ------------------------------------------------------------
+    def read(
+        self,
+        attention: MemoryAttention,
+        memory: SlotStore,
+        compressed: SlotStore | None,
+        new: Slots,
+        call: Call,
+    ) -> Read:
+        slots, memory = self.extend(attention, memory, new, call, self.alive)
+        m = self.mask((slots.position - call.start).to(call.dtype), slots.span, call.offsets)
+        visible = call.visible(slots.position)
+        if m.dim() == 4:
+            visible = visible[:, None]
+        if m.dtype == torch.bool:
+            m = m & visible
+            aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
+        else:
+            m = m * visible
+            aux_loss = self.loss(m, slots.span, call)
+        count = torch.count_nonzero(m)
+        if m.dim() == 4:  # per-head masks: the mean over heads
+            count = count / m.shape[1]
+        if call.shortening is not None:  # the attention is shortened, not the memory
+            within = self.within(slots, call)
+            m = m * (within[:, None] if m.dim() == 4 else within)
+        if m.dim() == 3:
+            m = m[:, None]
+        segment = Segment(slots.keys, slots.values, log_mask(m, call.dtype))
+        if not call.in_place:
+            memory = self.delete(slots, call, self.alive)
+        return Read([segment], *self.window_of(slots.position, call), aux_loss, count, memory)
+
+    def within(self, slots: Slots, call: Call) -> Tensor:
+        """Random memory shortening (4.2): t - i <= l for the call's l, (B, Q, N)."""
+        return slots.position[:, None, :] >= call.positions[:, :, None] - call.shortening
+
+    def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
+        """Which memories a query at ``time`` in an episode begun at ``begin`` (B,) can see."""
+        m = self.mask((slots.position - time).to(slots.hidden.dtype), slots.span, None)
+        if m.dim() == 4:  # per-head masks: a memory lives while any head sees it
+            m = m.amax(1)
+        return (m[:, 0] > 0) & (slots.position >= begin[:, None])
+
+    def extend(
+        self, attention: MemoryAttention, memory: SlotStore, new: Slots, call: Call, alive: Alive
+    ) -> tuple[Slots, SlotStore]:
+        """The memories followed by the call's new ones, as the call's keys see them."""
+        if call.in_place:
+            if not memory.can_append(new.length):
+                now = alive(memory.view(), call.start, call.query_begin[:, 0])
+                memory = memory.compacted(now, new.length)
+            memory = memory.appended(new)
+            return memory.view(), memory
+        old = memory.view()
+        if call.recompute:  # so gradients reach W_k, W_v and the span predictor through them
+            keys, values = attention.key_value(old.hidden)
+            old = Slots(old.hidden, keys, values, old.position, self.span(old.hidden))
+        return old.cat(new), memory
+
+    def delete(self, slots: Slots, call: Call, alive: Alive) -> SlotStore:
+        """Block mode: keep only the memories the next call's first query can still see."""
+        slots = slots.detach()
+        return SlotStore.of(slots.survivors(alive(slots, call.next_time, call.next_begin)))
+
+    def window_of(self, position: Tensor, call: Call) -> tuple[int, Tensor | None]:
+        """The keys that can get a position term (A.1): the last ``block_len - 1`` memories
+        before the call and the call's own steps. Memories are sorted by time, so no older
+        one can be closer than block_len to a query."""
+        width = min(position.shape[1], self.window + call.num_queries)
+        position = position[:, position.shape[1] - width :]
+        if call.num_queries > 1:  # worth checking for the cheaper case without holes
+            expected = torch.arange(call.next_time - width, call.next_time, device=position.device)
+            if bool(((position == expected) | (position < call.memory_begin[:, None])).all()):
+                return width, None  # (invisible keys may hold anything)
+        return width, call.start - position

@@ -1,0 +1,205 @@
+"""Memory store: the memories of one layer, their deletion, and the state of the whole core.
+
+Layout of one layer's memory for a batch of B sequences (``Slots``): slot ``j`` of element
+``b`` holds one memory h_i, i.e. the layer-normed input of the layer at time index
+``position[b, j]``, together with its cached key and value (and, for Expire-Span, its
+expire-span e_i). Keys are stored transposed, (B, H, head_dim, N), because q @ K is then a
+plain batched matrix product, noticeably faster on CPU for small head dimensions. Per
+element the filled slots are sorted by time; empty slots have position -1 and sit in front
+of them. So the memory of every element ends in the last
+column, which keeps the relative-position window (A.1) at the end of the tensor.
+
+Deleting memories (section 4.2, "Block Parallel") is *compaction*: each element keeps its
+surviving slots in order, right-aligned, and the stored length becomes the largest number
+of survivors in the batch. Compute and storage therefore follow the memories that are
+still alive, not the maximum span L.
+
+Step mode appends one slot per step into spare capacity instead of re-allocating the
+memory, and compacts only when the spare capacity runs out; slots that died in between
+stay in place but are masked, which changes no output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+EMPTY = -1  # position of an empty slot
+SLOT_AXES = (1, 3, 2, 1, 1)  # the slot axis of each field of Slots
+MIN_SPARE_SLOTS = 32  # step mode: spare capacity left after a compaction, at least
+
+
+class Slots(NamedTuple):
+    """Memories of one layer for a batch (tensors may be views into a larger buffer)."""
+
+    hidden: Tensor  # (B, N, dim)   the memories h_i (layer-normed layer inputs)
+    keys: Tensor  # (B, H, head_dim, N)   cached W_k h_i, transposed
+    values: Tensor  # (B, H, N, head_dim)   cached W_v h_i
+    position: Tensor  # (B, N) int64   time index i of each memory, EMPTY for an empty slot
+    span: Tensor | None  # (B, N)   expire-span e_i (Expire-Span only)
+
+    @property
+    def length(self) -> int:
+        return self.position.shape[1]
+
+    def cat(self, other: Slots) -> Slots:
+        return Slots(
+            *(
+                None if a is None else torch.cat([a, b], axis)
+                for a, b, axis in zip(self, other, SLOT_AXES, strict=True)
+            )
+        )
+
+    def narrow(self, start: int, length: int) -> Slots:
+        return Slots(
+            *(
+                None if t is None else t.narrow(axis, start, length)
+                for t, axis in zip(self, SLOT_AXES, strict=True)
+            )
+        )
+
+    def detach(self) -> Slots:
+        return Slots(*(None if t is None else t.detach() for t in self))
+
+    def survivors(self, alive: Tensor) -> Slots:
+        """Delete the slots where ``alive`` (B, N) is False: compact each element's survivors."""
+        count = alive.sum(1)
+        length = int(count.max()) if self.length else 0
+        start = self.length - length
+        if bool(alive[:, start:].all()):  # survivors form a common suffix: a slice suffices
+            return self.narrow(start, length)
+        index = torch.sort(alive.to(torch.uint8), dim=1, stable=True).indices[:, start:]
+        kept = torch.arange(length, device=alive.device) >= (length - count)[:, None]
+        batch, heads, head_dim, _ = self.keys.shape
+        return Slots(
+            self.hidden.gather(1, index[:, :, None].expand(-1, -1, self.hidden.shape[2])),
+            self.keys.gather(3, index[:, None, None, :].expand(batch, heads, head_dim, length)),
+            self.values.gather(2, index[:, None, :, None].expand(batch, heads, length, head_dim)),
+            self.position.gather(1, index).masked_fill(~kept, EMPTY),
+            None if self.span is None else self.span.gather(1, index),
+        )
+
+
+class SlotStore:
+    """One layer's memory: slots ``[0, length)`` of a buffer that may have spare capacity.
+
+    Snapshots of the state share buffers. A step writes in place only when its snapshot is
+    the newest one of the buffer (no other snapshot has written past ``length``); otherwise
+    the buffer is copied first. So a state kept aside, e.g. by a learner at the start of an
+    unroll, stays valid while acting continues from it.
+    """
+
+    __slots__ = ("buffer", "length", "_written")
+
+    def __init__(self, buffer: Slots, length: int, written: list[int] | None = None) -> None:
+        self.buffer = buffer
+        self.length = length
+        self._written = [length] if written is None else written  # shared by snapshots
+
+    @classmethod
+    def empty(cls, batch: int, dim: int, heads: int, with_span: bool, device, dtype) -> SlotStore:
+        head_dim = dim // heads
+        return cls.of(
+            Slots(
+                torch.zeros(batch, 0, dim, device=device, dtype=dtype),
+                torch.zeros(batch, heads, head_dim, 0, device=device, dtype=dtype),
+                torch.zeros(batch, heads, 0, head_dim, device=device, dtype=dtype),
+                torch.zeros(batch, 0, dtype=torch.long, device=device),
+                torch.zeros(batch, 0, device=device, dtype=dtype) if with_span else None,
+            )
+        )
+
+    @classmethod
+    def of(cls, slots: Slots, spare: int = 0) -> SlotStore:
+        """A store owning its own copy of ``slots``, with room for ``spare`` more."""
+        buffer = []
+        for t, axis in zip(slots, SLOT_AXES, strict=True):
+            if t is not None and (spare or not _owns_storage(t)):
+                shape = list(t.shape)
+                shape[axis] += spare
+                grown = t.new_empty(shape)
+                grown.narrow(axis, 0, t.shape[axis]).copy_(t)
+                t = grown
+            buffer.append(t)
+        return cls(Slots(*buffer), slots.length)
+
+    @property
+    def capacity(self) -> int:
+        return self.buffer.position.shape[1]
+
+    def view(self) -> Slots:
+        return self.buffer.narrow(0, self.length)
+
+    def can_append(self, n: int) -> bool:
+        # a buffer made under torch.inference_mode can be written only there
+        writable = torch.is_inference_mode_enabled() or not self.buffer.position.is_inference()
+        return writable and self._written[0] == self.length and self.length + n <= self.capacity
+
+    def compacted(self, alive: Tensor, spare: int) -> SlotStore:
+        """Delete the dead slots into a new buffer with at least ``spare`` free slots."""
+        kept = self.view().survivors(alive)
+        return SlotStore.of(kept, spare=max(spare, MIN_SPARE_SLOTS, kept.length // 2))
+
+    def appended(self, new: Slots) -> SlotStore:
+        """Write ``new`` after the last slot, in place (requires ``can_append``)."""
+        n = new.length
+        for target, source, axis in zip(self.buffer, new, SLOT_AXES, strict=True):
+            if target is not None:
+                target.narrow(axis, self.length, n).copy_(source)
+        self._written[0] = self.length + n
+        return SlotStore(self.buffer, self.length + n, self._written)
+
+
+def _owns_storage(t: Tensor) -> bool:
+    """True if ``t`` is contiguous and not a view keeping a larger tensor alive."""
+    return t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+
+
+@dataclass
+class MemoryState:
+    """Everything the core carries from one call to the next, detached from autograd.
+
+    ``time`` is the time index of the next step (all elements of the batch advance
+    together; it starts at 0). ``episode_begin[b]`` is the time index at which element b's
+    current episode began: memories before it are invisible and get deleted. ``layers[l]``
+    is layer l's memory of recent hidden states; for the compressive memory,
+    ``compressed[l]`` holds layer l's compressed memories (position = time index of the
+    first memory of the pooled group).
+    """
+
+    time: int
+    episode_begin: Tensor  # (B,) int64
+    layers: tuple[SlotStore, ...]
+    compressed: tuple[SlotStore, ...] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.episode_begin.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.episode_begin.device
+
+    def select(self, index: Tensor) -> MemoryState:
+        """The memories of the batch elements ``index`` (e.g. a minibatch of environments)."""
+
+        def pick(store: SlotStore) -> SlotStore:
+            slots = Slots(*(None if t is None else t[index] for t in store.view()))
+            return SlotStore.of(slots.survivors(slots.position != EMPTY))
+
+        return MemoryState(
+            time=self.time,
+            episode_begin=self.episode_begin[index],
+            layers=tuple(pick(store) for store in self.layers),
+            compressed=None if self.compressed is None else tuple(map(pick, self.compressed)),
+        )
+
+    def stored_lengths(self) -> list[int]:
+        """Slots stored per layer, compressed memories included: the memory's footprint."""
+        lengths = [store.length for store in self.layers]
+        for layer, store in enumerate(self.compressed or ()):
+            lengths[layer] += store.length
+        return lengths

@@ -1,0 +1,208 @@
+"""The memory transformer core: pre-norm decoder layers attending over [memory; block].
+
+Two modes that agree to float error (tested):
+- ``forward`` (block mode): K timesteps in parallel, with the memory from before the block;
+  used to train with backpropagation through time over the block.
+- ``step`` (step mode): one timestep; used to act in an environment or to generate.
+Inputs are already-embedded vectors; outputs are final-normed hidden states.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from memory.adaptive_span import AdaptiveSpan
+from memory.attention import MemoryAttention
+from memory.compressive import Compressive
+from memory.config import MemoryConfig
+from memory.expire_span import ExpireSpan
+from memory.fixed_span import FixedSpan
+from memory.kind import Call, MemoryKind, Read
+from memory.store import MemoryState, Slots, SlotStore
+
+KIND_CLASSES: dict[str, type[MemoryKind]] = {
+    "transformer_xl": FixedSpan,
+    "expire_span": ExpireSpan,
+    "adaptive_span": AdaptiveSpan,
+    "compressive": Compressive,
+}
+
+
+@dataclass
+class CoreOutput:
+    """What one call of the core returns."""
+
+    hidden: Tensor  # (B, K, dim) in block mode, (B, dim) in step mode: final-normed outputs
+    state: MemoryState  # the memory after this call, detached
+    aux_loss: Tensor  # scalar: the memory kind's auxiliary loss for this call (0 if none)
+    memory_size: float  # average |C_t|: memories with m_ti > 0 per query, over queries and layers
+
+
+class MemoryLayer(nn.Module):
+    """Pre-norm decoder layer: h + attention(LN(h) over memory), then h + FFN(LN(h))."""
+
+    def __init__(self, cfg: MemoryConfig) -> None:
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(cfg.dim)
+        self.attention = MemoryAttention(cfg)
+        self.memory = KIND_CLASSES[cfg.kind](cfg)
+        self.ffn_norm = nn.LayerNorm(cfg.dim)
+        self.ffn = nn.Sequential(
+            nn.Linear(cfg.dim, cfg.ffn_dim), nn.ReLU(), nn.Linear(cfg.ffn_dim, cfg.dim)
+        )
+        self.dropout = cfg.dropout
+
+    def forward(
+        self, h: Tensor, memory: SlotStore, compressed: SlotStore | None, call: Call
+    ) -> tuple[Tensor, Read]:
+        x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
+        q, k, v = self.attention.project(x)
+        new = Slots(x, k, v, call.positions, self.memory.span(x))
+        read = self.memory.read(self.attention, memory, compressed, new, call)
+        h = h + self.residual(self.attention(q, read.segments, read.width, read.window))
+        h = h + self.residual(self.ffn(self.ffn_norm(h)))
+        return h, read
+
+    def residual(self, branch: Tensor) -> Tensor:
+        if self.dropout == 0:
+            return branch
+        return F.dropout(branch, self.dropout, self.training)
+
+
+class MemoryTransformer(nn.Module):
+    """Transformer core with a per-layer attention memory of kind ``cfg.kind``.
+
+    >>> core = MemoryTransformer(MemoryConfig(kind="expire_span"))
+    >>> state = core.initial_state(batch_size=8)
+    >>> out = core(x, state, episode_start)       # x (8, K, 64), episode_start (8, K) bool
+    >>> out = core.step(x_t, out.state, start_t)  # x_t (8, 64), start_t (8,) bool
+
+    ``episode_start[b, k]`` marks timestep k of element b as the first of a new episode:
+    from it on, element b attends to nothing earlier.
+    """
+
+    def __init__(self, cfg: MemoryConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(MemoryLayer(cfg) for _ in range(cfg.num_layers))
+        self.final_norm = nn.LayerNorm(cfg.dim)
+
+    def initial_state(
+        self, batch_size: int, device: torch.device | str | None = None
+    ) -> MemoryState:
+        """An empty memory for ``batch_size`` sequences (also the way to change batch size)."""
+        if device is None:
+            device = self.final_norm.weight.device
+        dtype = self.final_norm.weight.dtype
+        cfg = self.cfg
+
+        def store(with_span: bool) -> SlotStore:
+            return SlotStore.empty(batch_size, cfg.dim, cfg.num_heads, with_span, device, dtype)
+
+        kind = self.layers[0].memory
+        return MemoryState(
+            time=0,
+            episode_begin=torch.zeros(batch_size, dtype=torch.long, device=device),
+            layers=tuple(store(kind.stores_span) for _ in self.layers),
+            compressed=tuple(store(False) for _ in self.layers) if kind.compresses else None,
+        )
+
+    def forward(
+        self, x: Tensor, state: MemoryState, episode_start: Tensor | None = None
+    ) -> CoreOutput:
+        """Block mode: x (B, K, dim), episode_start (B, K) bool (tensor or array) or None."""
+        if x.dim() != 3 or x.shape[-1] != self.cfg.dim:
+            raise ValueError(
+                f"block mode expects x of shape (B, K, {self.cfg.dim}), got {tuple(x.shape)}"
+            )
+        return self._run(x, state, episode_start, in_place=False)
+
+    def step(
+        self, x: Tensor, state: MemoryState, episode_start: Tensor | None = None
+    ) -> CoreOutput:
+        """Step mode: x (B, dim), episode_start (B,) bool or None. Without gradients it
+        appends to the memory in place (older states stay valid); with gradients it is
+        block mode with K = 1."""
+        if x.dim() != 2 or x.shape[-1] != self.cfg.dim:
+            raise ValueError(
+                f"step mode expects x of shape (B, {self.cfg.dim}), got {tuple(x.shape)}"
+            )
+        if episode_start is not None:
+            if episode_start.shape != x.shape[:1]:
+                raise ValueError(
+                    f"episode_start must have shape {tuple(x.shape[:1])} in step mode, "
+                    f"got {tuple(episode_start.shape)}"
+                )
+            episode_start = episode_start[:, None]
+        out = self._run(x[:, None], state, episode_start, in_place=not torch.is_grad_enabled())
+        out.hidden = out.hidden[:, 0]
+        return out
+
+    def _run(
+        self, x: Tensor, state: MemoryState, episode_start: Tensor | None, in_place: bool
+    ) -> CoreOutput:
+        batch, length, _ = x.shape
+        call = self._call(state, batch, length, episode_start, in_place, x.dtype)
+        compressed = state.compressed or (None,) * len(self.layers)
+        h = x
+        reads = []
+        for layer, memory, older in zip(self.layers, state.layers, compressed, strict=True):
+            h, read = layer(h, memory, older, call)
+            reads.append(read)
+        count = sum(r.count for r in reads)
+        pairs = batch * length * len(self.layers)
+        memory_size = (float(count) - pairs) / pairs  # a query seeing itself is no memory
+        new_state = MemoryState(
+            time=call.next_time,
+            episode_begin=call.next_begin,
+            layers=tuple(r.memory for r in reads),
+            compressed=tuple(r.compressed for r in reads) if state.compressed else None,
+        )
+        aux_loss = sum(r.aux_loss for r in reads)
+        return CoreOutput(self.final_norm(h), new_state, aux_loss, memory_size)
+
+    def _call(
+        self,
+        state: MemoryState,
+        batch: int,
+        length: int,
+        episode_start: Tensor | None,
+        in_place: bool,
+        dtype: torch.dtype,
+    ) -> Call:
+        if state.batch_size != batch:
+            raise ValueError(
+                f"the state holds {state.batch_size} sequences but the input has {batch}; "
+                "start a new state with core.initial_state(batch_size) to change batch size"
+            )
+        device = state.device
+        positions = torch.arange(state.time, state.time + length, device=device).expand(batch, -1)
+        query_begin = state.episode_begin[:, None].expand(batch, length)
+        if episode_start is not None:
+            if episode_start.shape != (batch, length):
+                raise ValueError(
+                    f"episode_start must have shape {(batch, length)} (one flag per timestep), "
+                    f"got {tuple(episode_start.shape)}"
+                )
+            starts = torch.as_tensor(episode_start, dtype=torch.bool, device=device)
+            query_begin = torch.where(starts, positions, query_begin)
+            if length > 1:
+                query_begin = query_begin.cummax(1).values
+        shortening = None
+        if self.training and self.cfg.memory_shortening and self.cfg.kind == "expire_span":
+            shortening = float(torch.rand(())) * self.cfg.max_span  # l ~ U(0, L) per call (4.2)
+        return Call(
+            start=state.time,
+            positions=positions,
+            query_begin=query_begin,
+            memory_begin=state.episode_begin,
+            in_place=in_place,
+            recompute=torch.is_grad_enabled(),
+            shortening=shortening,
+            dtype=dtype,
+            offsets=torch.arange(length, device=device, dtype=dtype) if length > 1 else None,
+        )

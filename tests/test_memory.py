@@ -1,0 +1,289 @@
+"""Tests of the memory package: the core's two modes, episode boundaries, the state."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from memory import KINDS, MemoryConfig, MemoryTransformer
+
+TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny tensors: one thread is fastest and immune to a busy second core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_core(kind: str, **overrides) -> MemoryTransformer:
+    """A small core whose memories expire, compress and trim within a few dozen steps."""
+    fields = dict(
+        kind=kind,
+        num_layers=2,
+        dim=16,
+        num_heads=2,
+        ffn_dim=32,
+        max_span=12,
+        block_len=5,
+        ramp=3,
+        compress_rate=3,
+        compressed_span=3,
+        init_span_fraction=0.3,
+    )
+    fields.update(overrides)
+    torch.manual_seed(0)
+    core = MemoryTransformer(MemoryConfig(**fields)).eval()
+    with torch.no_grad():
+        for layer in core.layers:
+            if kind == "expire_span":  # a different span for every memory, not only the initial one
+                layer.memory.predictor.linear.weight.normal_(0, 1.5)
+            if kind == "adaptive_span":  # a different span for every head
+                layer.memory.span_fraction.copy_(torch.linspace(0.15, 0.6, fields["num_heads"]))
+    return core
+
+
+def episode_starts(batch: int, length: int) -> torch.Tensor:
+    """Random episode boundaries, including some in the middle of blocks."""
+    starts = torch.rand(batch, length, generator=torch.Generator().manual_seed(1)) < 0.08
+    starts[0, 10] = starts[1, 23] = starts[2, 3] = True
+    return starts
+
+
+def run_blocks(core, x, starts, block: int):
+    state, outputs = core.initial_state(x.shape[0]), []
+    for k in range(0, x.shape[1], block):
+        out = core(x[:, k : k + block], state, starts[:, k : k + block])
+        state = out.state
+        outputs.append(out.hidden)
+    return torch.cat(outputs, 1), state
+
+
+def run_steps(core, x, starts, state=None):
+    state = state or core.initial_state(x.shape[0])
+    outputs = []
+    for t in range(x.shape[1]):
+        out = core.step(x[:, t], state, starts[:, t])
+        state = out.state
+        outputs.append(out.hidden)
+    return torch.stack(outputs, 1), state
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_step_mode_equals_block_mode(kind):
+    core = make_core(kind)
+    x = torch.randn(3, 40, 16)
+    starts = episode_starts(3, 40)
+    with torch.no_grad():
+        stepped, _ = run_steps(core, x, starts)
+    for block in (8, 5, 40):  # several blocks with the memory carried, and one long block
+        blocked, _ = run_blocks(core, x, starts, block)
+        assert (blocked - stepped).abs().max() < TOLERANCE, block
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradients_do_not_change_outputs(kind):
+    """With gradients, memory keys/values/spans are recomputed from the stored memories and
+    step mode runs as a block of one; the outputs must not change."""
+    core = make_core(kind)
+    x = torch.randn(3, 24, 16)
+    starts = episode_starts(3, 24)
+    with torch.no_grad():
+        expected, _ = run_steps(core, x, starts)
+        blocked_without_grad, _ = run_blocks(core, x, starts, 8)
+    blocked, _ = run_blocks(core, x, starts, 8)
+    stepped, _ = run_steps(core, x[:, :10], starts[:, :10])
+    assert (blocked_without_grad - expected).abs().max() < TOLERANCE
+    assert (blocked - expected).abs().max() < TOLERANCE
+    assert (stepped - expected[:, :10]).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_episode_start_cuts_attention(kind):
+    """After a boundary, an element's outputs are those of a fresh state: in block mode
+    (boundary inside the second block) and in step mode."""
+    core = make_core(kind)
+    x = torch.randn(2, 40, 16)
+    starts = torch.zeros(2, 40, dtype=torch.bool)
+    starts[0, 13] = True
+    fresh = torch.zeros(2, 27, dtype=torch.bool)
+    with torch.no_grad():
+        blocked, _ = run_blocks(core, x, starts, 10)
+        stepped, _ = run_steps(core, x, starts.numpy())  # as vectorised environments give them
+        alone, _ = run_blocks(core, x[:, 13:], fresh, 40)
+    assert (blocked[0, 13:] - alone[0]).abs().max() < TOLERANCE
+    assert (stepped[0, 13:] - alone[0]).abs().max() < TOLERANCE
+    assert (blocked[1, 13:] - alone[1]).abs().max() > 1e-3  # element 1 still remembers
+
+
+def test_kept_states_stay_valid_while_stepping_on():
+    """Step mode appends in place; a state kept aside (a learner's start of unroll) and
+    states branching from it must not see each other's writes."""
+    core = make_core("transformer_xl")
+    x = torch.randn(2, 30, 16)
+    none = torch.zeros(2, 30, dtype=torch.bool)
+    with torch.no_grad():
+        _, kept = run_steps(core, x[:, :20], none)
+        expected = core(x[:, 20:], kept).hidden
+        run_steps(core, x[:, 20:], none, kept)  # act on from the kept state
+        branch = core.step(x[:, 0], kept).state  # and branch off it
+        run_steps(core, x[:, 21:], none, branch)
+        assert (core(x[:, 20:], kept).hidden - expected).abs().max() == 0
+        stepped, _ = run_steps(core, x[:, 20:], none, kept)
+    assert (stepped - expected).abs().max() < TOLERANCE
+
+
+def test_states_made_in_inference_mode_can_be_continued_and_trained_on():
+    core = make_core("expire_span")
+    x = torch.randn(2, 12, 16)
+    none = torch.zeros(2, 12, dtype=torch.bool)
+    with torch.no_grad():
+        expected, _ = run_steps(core, x, none)
+    with torch.inference_mode():  # how agents often act
+        acted, state = run_steps(core, x[:, :6], none)
+    with torch.no_grad():
+        stepped, _ = run_steps(core, x[:, 6:], none, state)
+    blocked = core(x[:, 6:], state).hidden  # the learner's recomputation, with gradients
+    blocked.sum().backward()
+    for outputs, start in ((acted, 0), (stepped, 6), (blocked, 6)):
+        assert (outputs - expected[:, start : start + outputs.shape[1]]).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_selected_elements_continue_as_in_the_full_batch(kind):
+    """A minibatch of environments taken from the state continues exactly as they would."""
+    core = make_core(kind)
+    x = torch.randn(3, 30, 16)
+    starts = episode_starts(3, 30)
+    with torch.no_grad():
+        _, state = run_steps(core, x[:, :20], starts[:, :20])
+        full = core(x[:, 20:], state, starts[:, 20:]).hidden
+        index = torch.tensor([2, 0])
+        part = core(x[index, 20:], state.select(index), starts[index, 20:]).hidden
+    assert (part - full[index]).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_call_reports_aux_loss_and_memory_size(kind):
+    core = make_core(kind).train()
+    state = core.initial_state(2)
+    out = core(torch.randn(2, 6, 16), state)
+    assert out.aux_loss.shape == ()
+    assert out.aux_loss.requires_grad == (kind in ("expire_span", "adaptive_span"))
+    assert isinstance(out.memory_size, float)
+    if kind in ("transformer_xl", "compressive"):  # query t sees its t predecessors
+        assert out.memory_size == 2.5
+    else:  # some spans are shorter than 5
+        assert 0 < out.memory_size < 2.5
+    with torch.no_grad():
+        out = core.step(torch.randn(2, 16), out.state)
+    assert out.aux_loss.shape == () and out.memory_size > 0
+    assert not any(t.requires_grad for t in out.state.layers[0].view() if t is not None)
+
+
+def test_transformer_xl_keeps_exactly_the_last_span():
+    core = make_core("transformer_xl")
+    starts = torch.zeros(2, 30, dtype=torch.bool)
+    starts[0, 25] = True
+    with torch.no_grad():
+        out = core(torch.randn(2, 30, 16), core.initial_state(2), starts)
+        full = core(torch.randn(2, 12, 16), out.state)
+    positions = out.state.layers[0].view().position
+    assert positions[1].tolist() == list(range(18, 30))  # the last L = 12
+    assert positions[0][positions[0] >= 0].tolist() == list(range(25, 30))  # its episode only
+    # |C_t| = L once the memory is full; element 0 sees t - 25 memories until then
+    element_0 = sum(min(t - 25, 12) for t in range(30, 42))
+    assert full.memory_size == pytest.approx((element_0 + 12 * 12) / 24)
+
+
+def test_stored_memory_follows_the_spans_not_the_maximum_span():
+    """Expire-Span with short spans keeps a small memory over thousands of steps while
+    Transformer-XL's grows to L and stays there; in block mode (exact deletion) and in step
+    mode (deletion at compaction, within the spare capacity)."""
+    fields = dict(max_span=200, ramp=16, block_len=20, init_span_fraction=0.0125)  # e_i = 2.5
+    expire = make_core("expire_span", **fields)
+    for layer in expire.layers:
+        torch.nn.init.zeros_(layer.memory.predictor.linear.weight)
+    fixed = make_core("transformer_xl", **fields)
+    with torch.no_grad():
+        expire_state, fixed_state = expire.initial_state(2), fixed.initial_state(2)
+        for k in range(100):  # 2000 steps in blocks of 20
+            x = torch.randn(2, 20, 16)
+            expire_out = expire(x, expire_state)
+            expire_state, fixed_state = expire_out.state, fixed(x, fixed_state).state
+            assert expire_state.stored_lengths() == [18, 18]  # m > 0 for t - i < e + R = 18.5
+            assert fixed_state.stored_lengths() == [min(200, 20 * (k + 1))] * 2
+        assert expire_out.memory_size == 18.0
+        for _ in range(500):
+            x = torch.randn(2, 16)
+            expire_state = expire.step(x, expire_state).state
+            fixed_state = fixed.step(x, fixed_state).state
+            assert max(expire_state.stored_lengths()) <= 18 + 32
+            assert 200 <= min(fixed_state.stored_lengths()) <= 300 + 1
+
+
+@pytest.mark.parametrize(("queries", "width"), [(4, 8), (4, 5), (3, 3), (6, 10), (1, 5)])
+def test_position_term_covers_only_distances_below_block_len(queries, width):
+    """q_t . p_{t-i} for t - i < block_len, nothing for older keys (A.1); the skewed,
+    gathered (holes in the window) and step-mode computations all agree with it."""
+    attention = make_core("transformer_xl").layers[0].attention  # block_len 5, 2 heads
+    q = torch.randn(3, 2, queries, 8)
+    distance = torch.arange(width - queries, -queries, -1).expand(3, -1)  # first query - i
+    expected = torch.zeros(3, 2, queries, width)
+    for t in range(queries):
+        for column in range(width):
+            d = t + int(distance[0, column])
+            if 0 <= d < 5:
+                expected[:, :, t, column] = (q[:, :, t] * attention.position[:, d]).sum(-1)
+    assert torch.allclose(attention.position_term(q, width, distance), expected, atol=1e-6)
+    if queries > 1:
+        assert torch.allclose(attention.position_term(q, width, None), expected, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (dict(kind="lstm"), "transformer_xl"),
+        (dict(max_span=0), "max_span"),
+        (dict(dim=30, num_heads=4), "divisible"),
+        (dict(ramp=0.5), "ramp"),
+        (dict(dropout=1.0), "dropout"),
+        (dict(init_span_fraction=0.0), "init_span_fraction"),
+        (dict(compress_rate=300), "compress_rate"),
+        (dict(compressed_span=0), "compressed_span"),
+        (dict(num_layers=2.5), "num_layers"),
+    ],
+)
+def test_config_errors_say_what_is_wrong(fields, message):
+    with pytest.raises(ValueError, match=message):
+        MemoryConfig(**fields)
+
+
+def test_input_errors_say_what_is_wrong():
+    core = make_core("expire_span")
+    state = core.initial_state(2)
+    with pytest.raises(ValueError, match="initial_state"):
+        core(torch.randn(3, 4, 16), state)
+    with pytest.raises(ValueError, match=r"\(B, K, 16\)"):
+        core(torch.randn(2, 16), state)
+    with pytest.raises(ValueError, match="episode_start"):
+        core(torch.randn(2, 4, 16), state, torch.zeros(2, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match="episode_start"):
+        core.step(torch.randn(2, 16), state, torch.zeros(2, 1, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_hydra_config_files_hold_the_corridor_values(kind):
+    omegaconf = pytest.importorskip("omegaconf")
+    from pathlib import Path
+
+    path = Path(__file__).parents[1] / "configs" / "memory" / f"{kind}.yaml"
+    schema = omegaconf.OmegaConf.structured(MemoryConfig)
+    merged = omegaconf.OmegaConf.merge(schema, omegaconf.OmegaConf.load(path))
+    cfg = MemoryConfig(**omegaconf.OmegaConf.to_container(merged))
+    assert cfg.kind == kind
+    assert (cfg.num_layers, cfg.dim, cfg.max_span, cfg.ramp) == (2, 64, 200, 16)
+    assert cfg.aux_loss_coef == 5e-6
