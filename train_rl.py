@@ -32,6 +32,7 @@ from training import (
     ConfigError,
     MetricsLogger,
     all_gather_object,
+    all_reduce_mean,
     check_choice,
     check_positive,
     check_positive_int,
@@ -52,16 +53,20 @@ from training import (
     setup_distributed,
 )
 
-ENV_NAMES = ("corridor", "portal", "minigrid_memory")
 LEARNERS = ("a2c", "ppo")
 PROGRESS_KEYS = ("return", "success", "rooms_reached", "memory_size")
+OUTCOMES = {  # what each env reports at the end of an episode, besides return and length
+    "corridor": ("success",),
+    "portal": ("success", "rooms_reached"),
+    "minigrid_memory": ("success",),
+}
 ENV_META_KEYS = ("name", "id")
 
 
 def check_config(cfg: DictConfig) -> None:
     """Reject impossible settings before any work is done."""
     check_choice("mode", cfg.mode, ("train", "eval"))
-    check_choice("env", cfg.env.name, ENV_NAMES)
+    check_choice("env", cfg.env.name, OUTCOMES)
     check_choice("agent", cfg.agent.name, LEARNERS)
     check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam"))
     for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
@@ -148,9 +153,8 @@ class EpisodeStats:
     episode that ends (`success`, and `rooms_reached` for Portal), which environments that
     autoreset in the same step report in `info["final_info"]`."""
 
-    OUTCOMES = ("success", "rooms_reached")
-
-    def __init__(self, num_envs: int) -> None:
+    def __init__(self, num_envs: int, env_name: str) -> None:
+        self.outcomes = OUTCOMES[env_name]
         self.running_return = np.zeros(num_envs)
         self.running_length = np.zeros(num_envs, dtype=np.int64)
         self.finished: dict[str, list[float]] = {}
@@ -163,7 +167,7 @@ class EpisodeStats:
         self._add("return", self.running_return[done])
         self._add("episode_length", self.running_length[done])
         final_info = info.get("final_info", {})
-        for key in self.OUTCOMES:
+        for key in self.outcomes:
             if key in final_info:
                 self._add(key, final_info[key][final_info[f"_{key}"]])
         self.running_return[done] = 0.0
@@ -177,8 +181,12 @@ class EpisodeStats:
         return len(self.finished.get("return", []))
 
     def summary(self) -> dict[str, float]:
-        """Means over the episodes finished since the last summary, then forget them."""
-        means = {key: float(np.mean(values)) for key, values in self.finished.items()}
+        """Means over the episodes finished since the last summary (NaN when none did), then
+        forget them. The keys are always the same, so ranks can average them."""
+        means = {
+            key: float(np.mean(self.finished[key])) if self.finished.get(key) else math.nan
+            for key in ("return", "episode_length", *self.outcomes)
+        }
         means["episodes"] = self.episodes
         self.finished = {}
         return means
@@ -231,7 +239,7 @@ def train(cfg: DictConfig) -> None:
     obs = torch.as_tensor(obs, device=device)
     episode_start = torch.ones(B, dtype=torch.bool, device=device)
     state = agent.initial_state(B, device)
-    stats = EpisodeStats(B)
+    stats = EpisodeStats(B, cfg.env.name)
     interval = {
         "memory_size": 0.0,
         "aux_loss": 0.0,
@@ -303,6 +311,7 @@ def train(cfg: DictConfig) -> None:
             metrics = {key: value / updates_in_interval for key, value in interval.items()}
             metrics.update(stats.summary())
             metrics.update(update=update + 1, sps=updates_in_interval * steps_per_update / elapsed)
+            metrics = all_reduce_mean(metrics, dist)  # a collective: every rank logs here
             logger.log(metrics, step=step)
             set_metrics(progress, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
             interval = dict.fromkeys(interval, 0.0)
@@ -349,7 +358,7 @@ def evaluate(cfg: DictConfig) -> None:
     obs = torch.as_tensor(obs)
     episode_start = torch.ones(cfg.eval.num_envs, dtype=torch.bool)
     state = agent.initial_state(cfg.eval.num_envs)
-    stats = EpisodeStats(cfg.eval.num_envs)
+    stats = EpisodeStats(cfg.eval.num_envs, trained.env.name)
     memory_sizes = []
     while stats.episodes < cfg.eval.episodes:
         action, _, _, out = agent.act(obs, state, episode_start, greedy=cfg.eval.greedy)

@@ -138,3 +138,19 @@ def test_torchrun_keeps_parameters_identical_across_two_processes(tmp_path):
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     first, second = checkpoint["parameter_digests"]
     assert first == second
+
+
+def test_expire_span_agent_solves_the_short_corridor(tmp_path):
+    """Learning that really happens: the default agent (PPO, expire_span) on Corridor 3..20,
+    from the command line, reaches success >= 0.9 (about 450k steps, a few minutes)."""
+    run_dir = tmp_path / "run"
+    result = run(
+        ["env.max_length=20", "memory=expire_span", "total_steps=640000", "wandb.mode=disabled"],
+        run_dir,
+        timeout=1200,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    final_success = sum(line["success"] for line in lines[-2:]) / 2
+    assert final_success >= 0.9, [round(line["success"], 3) for line in lines]
+    assert lines[-1]["memory_size"] < 20
