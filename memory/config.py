@@ -58,7 +58,7 @@ class MemoryConfig:
                 "memory.init_span_fraction is the initial span as a fraction of max_span and "
                 f"must be in (0, 1), got {self.init_span_fraction}"
             )
-        if not 1 <= self.compress_rate <= self.max_span:
+        if self.kind == "compressive" and not 1 <= self.compress_rate <= self.max_span:
             raise ValueError(
                 f"memory.compress_rate must be in [1, max_span={self.max_span}] (a group is "
                 "compressed when it leaves the FIFO of max_span memories), "

@@ -252,7 +252,7 @@ def test_position_term_covers_only_distances_below_block_len(queries, width):
         (dict(ramp=0.5), "ramp"),
         (dict(dropout=1.0), "dropout"),
         (dict(init_span_fraction=0.0), "init_span_fraction"),
-        (dict(compress_rate=300), "compress_rate"),
+        (dict(kind="compressive", compress_rate=300), "compress_rate"),
         (dict(compressed_span=0), "compressed_span"),
         (dict(num_layers=2.5), "num_layers"),
     ],
@@ -287,3 +287,7 @@ def test_hydra_config_files_hold_the_corridor_values(kind):
     assert cfg.kind == kind
     assert (cfg.num_layers, cfg.dim, cfg.max_span, cfg.ramp) == (2, 64, 200, 16)
     assert cfg.aux_loss_coef == 5e-6
+
+
+def test_compress_rate_only_constrains_the_compressive_memory():
+    assert MemoryConfig(kind="transformer_xl", max_span=2).max_span == 2
