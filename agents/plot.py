@@ -1,15 +1,25 @@
 """Performance against average memory size, one point per run (the paper's figures 4 and 5).
 
-    python -m agents.plot SWEEP_DIR [SWEEP_DIR ...] --out OUT_DIR
+    python -m agents.plot SWEEP_DIR [SWEEP_DIR ...] --out OUT_DIR [--markdown]
 
-Each SWEEP_DIR is a Hydra `-m` sweep (SWEEP_DIR/<job number>/config.yaml, metrics.jsonl)
-or a single run directory. Writes OUT_DIR/runs.csv (one row per run) and one PNG per
-environment or task, e.g. OUT_DIR/corridor_success.png, with every memory kind drawn apart.
+Each SWEEP_DIR is a Hydra `-m` sweep (SWEEP_DIR/<job number>/config.yaml, metrics.jsonl),
+a single run directory, or a directory holding several of either. Writes to OUT_DIR:
 
-A run's score is its final metric: the mean of the last FINAL_POINTS logged values (RL
-metrics are noisy from one interval to the next), and its memory size likewise. The metric
-is `success` on Corridor, `rooms_reached` on Portal, `return` on other RL envs; validation
-bits per byte on enwik8/text and validation accuracy (or error) on the other LM tasks.
+- runs.csv: one row per run, its final metric and memory size;
+- settings.csv: one row per setting, i.e. runs that differ only in their seed, with the mean
+  and standard deviation of their final metric and memory size;
+- one PNG per environment or task, e.g. corridor_success.png: every run a faint point, every
+  setting its mean with one-standard-deviation error bars; the settings of a memory kind that
+  differ only in their span (e.g. Transformer-XL at several spans) are joined by a line.
+
+`--markdown` prints the settings as markdown tables, one per figure.
+
+A run's final metric: RL metrics are logged per interval and noisy, so it is the mean of the
+last FINAL_POINTS values; LM validation metrics are full passes over the validation prefix,
+so it is the last one. Its memory size is averaged over the same records: `valid_memory_size`
+(memory during the validation pass) for validation metrics, `memory_size` otherwise. The
+metric is `success` on Corridor, `rooms_reached` on Portal, `return` on other RL envs;
+validation bits per byte on enwik8/text and validation accuracy (or error) on other LM tasks.
 """
 
 from __future__ import annotations
@@ -19,9 +29,10 @@ import csv
 import math
 import os
 import re
+import statistics
 import sys
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +40,27 @@ import yaml
 from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global state
 from omegaconf import OmegaConf
 
-from training import CONFIG_FILE, METRICS_FILE, read_metrics
+from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
 
 FINAL_POINTS = 5
 MEMORY_SIZE = "memory_size"
+EVAL_PREFIXES = ("valid_", "test_")  # metrics from full evaluation passes: the last one counts
 TEXT_TASKS = ("enwik8", "text")
+# Config keys that do not change what a run learns; runs differing only in these (and the
+# seed) are repeats of one setting.
+BOOKKEEPING_KEYS = (
+    "seed",
+    "mode",
+    "device",
+    "torch_threads",
+    "resume",
+    "checkpoint",
+    "log_interval",
+    "checkpoint_interval",
+    "task.cache_dir",
+    "task.data_dir",
+)
+BOOKKEEPING_GROUPS = ("wandb.", "eval.")
 KIND_STYLES = {  # label, colour, marker
     "expire_span": ("Expire-Span", "tab:red", "o"),
     "transformer_xl": ("Transformer-XL", "tab:blue", "s"),
@@ -66,19 +93,76 @@ class NotReadyError(PlotError):
     """A run with nothing to plot yet (no config or metrics written); skipped with a warning."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunResult:
-    """One run's row in runs.csv and point in the figure."""
+    """One run's row in runs.csv and faint point in the figure."""
 
     run_dir: str
     group: str  # the environment or LM task: one figure per group
     kind: str
     max_span: int | None
     seed: int
+    setting: str  # other config values that tell this run's setting apart, "" if none
     metric: str
     final: float
     memory_size: float | None
-    steps: int
+    steps: int  # last logged step
+    total_steps: int | None  # the run's config; steps < total_steps: still running or stopped
+    config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # flat
+
+    @property
+    def finished(self) -> bool:
+        return self.total_steps is None or self.steps >= self.total_steps
+
+
+RUN_COLUMNS = [f.name for f in fields(RunResult) if f.name != "config"]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Runs of one memory kind that differ only in their seed: one mean point in the figure."""
+
+    group: str
+    metric: str
+    kind: str
+    max_span: int | None
+    setting: str
+    runs: tuple[RunResult, ...]
+
+    @property
+    def final(self) -> tuple[float, float]:
+        """Mean and standard deviation over the runs (0 for a single run)."""
+        return _mean_std([run.final for run in self.runs])
+
+    @property
+    def memory_size(self) -> tuple[float, float] | None:
+        sizes = [run.memory_size for run in self.runs if run.memory_size is not None]
+        return _mean_std(sizes) if sizes else None
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(run.seed for run in self.runs)
+
+    @property
+    def steps(self) -> int:
+        """The fewest steps any of the runs logged."""
+        return min(run.steps for run in self.runs)
+
+
+SETTING_COLUMNS = [
+    "group",
+    "metric",
+    "kind",
+    "max_span",
+    "setting",
+    "runs",
+    "seeds",
+    "final_mean",
+    "final_std",
+    "memory_size_mean",
+    "memory_size_std",
+    "steps",
+]
 
 
 def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
@@ -86,6 +170,7 @@ def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
     A run directory holds config.yaml, or is a Hydra job directory (it has .hydra/) whose
     run stopped before writing one; the search does not look inside run directories.
+    A run reached through two of the paths is listed once.
     """
     found = []
     for path in map(Path, paths):
@@ -106,11 +191,15 @@ def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
                 f"or {path}/{CONFIG_FILE} (a run directory)"
             )
         found.extend(sorted(runs, key=_natural_key))
-    return found
+    return _unique_by_resolved_path(found)
 
 
-def read_run(run_dir: Path, metric: str | None = None, last: int = FINAL_POINTS) -> RunResult:
-    """A run's final metric and memory size; NotReadyError if it has no usable metrics yet."""
+def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) -> RunResult:
+    """A run's final metric and memory size; NotReadyError if it has no usable metrics yet.
+
+    `last`: how many final logged values to average; by default FINAL_POINTS for metrics
+    logged during training and 1 for validation metrics (see the module docstring).
+    """
     if not (run_dir / CONFIG_FILE).is_file():
         raise NotReadyError(f"{run_dir}: no {CONFIG_FILE} (the run stopped before it started?)")
     try:
@@ -120,6 +209,7 @@ def read_run(run_dir: Path, metric: str | None = None, last: int = FINAL_POINTS)
     is_lm = "task" in cfg
     group = str(_config_value(cfg, "task.name" if is_lm else "env.name", run_dir))
     kind = str(_config_value(cfg, "memory.kind", run_dir))
+    seed = _config_value(cfg, "seed", run_dir)
     candidates = (metric,) if metric else _metric_candidates(group, is_lm)
     metrics_path = run_dir / METRICS_FILE
     if not metrics_path.is_file():
@@ -133,68 +223,173 @@ def read_run(run_dir: Path, metric: str | None = None, last: int = FINAL_POINTS)
     chosen = next((key for key in candidates if _series(records, key)), None)
     if chosen is None:
         raise NotReadyError(f"{run_dir}: no values of {' or '.join(candidates)} logged yet")
-    memory_sizes = _series(records, MEMORY_SIZE)
+    if last is None:
+        last = 1 if chosen.startswith(EVAL_PREFIXES) else FINAL_POINTS
+    memory_sizes = _series(records, memory_size_key(chosen, records))
     return RunResult(
         run_dir=str(run_dir),
         group=group,
         kind=kind,
         max_span=OmegaConf.select(cfg, "memory.max_span"),
-        seed=_config_value(cfg, "seed", run_dir),
+        seed=seed,
+        setting="",
         metric=chosen,
         final=_mean_of_last(_series(records, chosen), last),
         memory_size=_mean_of_last(memory_sizes, last) if memory_sizes else None,
         steps=int(records[-1]["step"]),
+        total_steps=OmegaConf.select(cfg, "total_steps"),
+        config=_flatten(OmegaConf.to_container(cfg)),
     )
 
 
-def plot_panel(results: Sequence[RunResult], logx: bool = False) -> Figure:
-    """One group's figure: final metric against memory size, a colour and marker per kind."""
+def memory_size_key(metric: str, records: list[dict[str, Any]]) -> str:
+    """The memory size measured with the metric: valid_memory_size for valid_bpb, if logged."""
+    prefix = next((p for p in EVAL_PREFIXES if metric.startswith(p)), "")
+    return (
+        prefix + MEMORY_SIZE if prefix and _series(records, prefix + MEMORY_SIZE) else MEMORY_SIZE
+    )
+
+
+def label_settings(results: Sequence[RunResult]) -> list[RunResult]:
+    """Fill in each run's `setting`: the config values, other than the seed, bookkeeping,
+    memory.kind and memory.max_span, that differ between the runs of its kind and figure."""
+    peers: dict[tuple[str, str, str], list[RunResult]] = {}
+    for run in results:
+        peers.setdefault((run.group, run.metric, run.kind), []).append(run)
+    differing = {key: _differing_keys(runs) for key, runs in peers.items()}
+    return [
+        replace(
+            run,
+            setting=" ".join(
+                f"{key}={run.config.get(key)}" for key in differing[run.group, run.metric, run.kind]
+            ),
+        )
+        for run in results
+    ]
+
+
+def summarize(results: Iterable[RunResult]) -> list[Setting]:
+    """Group labelled runs into settings, ordered by figure, memory kind, span, memory size."""
+    grouped: dict[tuple, list[RunResult]] = {}
+    for run in results:
+        key = (run.group, run.metric, run.kind, run.max_span, run.setting)
+        grouped.setdefault(key, []).append(run)
+    settings = [Setting(*key, runs=tuple(runs)) for key, runs in grouped.items()]
+    kind_order = list(KIND_STYLES)
+    return sorted(
+        settings,
+        key=lambda s: (
+            s.group,
+            s.metric,
+            kind_order.index(s.kind) if s.kind in kind_order else len(kind_order),
+            s.kind,
+            math.inf if s.max_span is None else s.max_span,
+            math.inf if s.memory_size is None else s.memory_size[0],
+            s.setting,
+        ),
+    )
+
+
+def plot_panel(settings: Sequence[Setting], logx: bool = False) -> Figure:
+    """One figure: final metric against memory size, a colour and marker per memory kind."""
     figure = Figure(figsize=(5.5, 4), layout="constrained")
     axes = figure.subplots()
-    known = [kind for kind in KIND_STYLES if any(r.kind == kind for r in results)]
-    others = sorted({r.kind for r in results} - set(KIND_STYLES))
-    styles = [KIND_STYLES[kind] for kind in known] + [
-        (kind, *OTHER_STYLES[index % len(OTHER_STYLES)]) for index, kind in enumerate(others)
-    ]
-    for kind, (label, colour, marker) in zip(known + others, styles, strict=True):
-        runs = [r for r in results if r.kind == kind and r.memory_size is not None]
-        if not runs:
+    for kind, (label, colour, marker) in _kind_styles(s.kind for s in settings).items():
+        ours = [s for s in settings if s.kind == kind and s.memory_size is not None]
+        if not ours:
             continue
+        runs = [run for s in ours for run in s.runs if run.memory_size is not None]
         axes.scatter(
-            [r.memory_size for r in runs],
-            [r.final for r in runs],
-            label=label,
+            [run.memory_size for run in runs],
+            [run.final for run in runs],
             color=colour,
             marker=marker,
-            s=40,
+            s=18,
+            alpha=0.35,
+            label=f"_{kind} runs",  # a leading underscore keeps it out of the legend
         )
-    metric = results[0].metric
+        ours.sort(key=lambda s: s.memory_size[0])
+        if len(ours) == 1 and ours[0].max_span is not None:
+            label += f" ($L$={ours[0].max_span})"
+        span_sweep = len(ours) > 1 and not any(s.setting for s in ours)
+        axes.errorbar(
+            [s.memory_size[0] for s in ours],
+            [s.final[0] for s in ours],
+            xerr=[s.memory_size[1] for s in ours],
+            yerr=[s.final[1] for s in ours],
+            color=colour,
+            marker=marker,
+            markersize=7,
+            linestyle="-" if span_sweep else "none",  # a line only through a span sweep
+            capsize=3,
+            label=label,
+        )
+        if len(ours) > 1:
+            show_span = len({s.max_span for s in ours}) > 1
+            for s in ours:
+                axes.annotate(
+                    _note(s, show_span),
+                    (s.memory_size[0], s.final[0]),
+                    textcoords="offset points",
+                    xytext=(6, 4),
+                    fontsize=7,
+                    color=colour,
+                )
+    metric, group = settings[0].metric, settings[0].group
     axes.set_xlabel("average memory size $|C_t|$")
     axes.set_ylabel(METRIC_LABELS.get(metric, metric))
-    axes.set_title(f"{results[0].group}: {metric} against memory size")
+    axes.set_title(f"{group}: {metric} against memory size")
     if logx:
         axes.set_xscale("log")
+    axes.margins(0.1)  # room for the annotations at the edges
     axes.grid(alpha=0.3)
     axes.legend()
     return figure
 
 
-def write_csv(results: Sequence[RunResult], path: Path) -> None:
-    """runs.csv: one row per run, columns as RunResult's fields."""
-    with open(path, "w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(RunResult.__dataclass_fields__))
+def markdown_table(settings: Sequence[Setting]) -> str:
+    """The settings of one figure as a markdown table: mean ± standard deviation over seeds."""
+    metric = settings[0].metric
+    with_setting = any(s.setting for s in settings)
+    header = ["memory", "max span", *(["setting"] if with_setting else []), "runs"]
+    header += ["memory size", metric, "steps"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for s in settings:
+        label = KIND_STYLES.get(s.kind, (s.kind,))[0]
+        row = [label, "" if s.max_span is None else str(s.max_span)]
+        row += [s.setting] if with_setting else []
+        size = "" if s.memory_size is None else _mean_std_text(*s.memory_size, len(s.runs))
+        row += [str(len(s.runs)), size, _mean_std_text(*s.final, len(s.runs)), f"{s.steps:,}"]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def write_runs_csv(results: Sequence[RunResult], path: Path) -> None:
+    """runs.csv: one row per run, columns as RunResult's fields (without the config)."""
+    with atomic_open(path, "w") as file:
+        writer = csv.DictWriter(file, fieldnames=RUN_COLUMNS, lineterminator="\n")
         writer.writeheader()
-        writer.writerows(asdict(result) for result in results)
+        writer.writerows({name: getattr(run, name) for name in RUN_COLUMNS} for run in results)
 
 
-def plot_sweeps(
-    sweep_dirs: Sequence[str | os.PathLike],
-    out_dir: Path,
-    metric: str | None = None,
-    last: int = FINAL_POINTS,
-    logx: bool = False,
-) -> list[Path]:
-    """Read every run, write runs.csv and one PNG per (group, metric); return the paths."""
+def write_settings_csv(settings: Sequence[Setting], path: Path) -> None:
+    """settings.csv: one row per setting, the mean and standard deviation over its runs."""
+    with atomic_open(path, "w") as file:
+        writer = csv.writer(file, lineterminator="\n")
+        writer.writerow(SETTING_COLUMNS)
+        for s in settings:
+            size_mean, size_std = s.memory_size or ("", "")
+            writer.writerow(
+                [s.group, s.metric, s.kind, s.max_span, s.setting, len(s.runs)]
+                + [" ".join(map(str, s.seeds)), *s.final, size_mean, size_std, s.steps]
+            )
+
+
+def collect(
+    sweep_dirs: Sequence[str | os.PathLike], metric: str | None = None, last: int | None = None
+) -> list[RunResult]:
+    """Every run with usable metrics, labelled with its setting; warns on stderr about runs
+    skipped (nothing logged yet) and runs that have not reached their total_steps."""
     results, skipped = [], []
     for run_dir in find_run_dirs(sweep_dirs):
         try:
@@ -202,25 +397,62 @@ def plot_sweeps(
         except NotReadyError as reason:
             skipped.append(str(reason))
     if skipped:
-        print(
-            f"skipped {len(skipped)} run(s) with nothing to plot yet:\n  " + "\n  ".join(skipped),
-            file=sys.stderr,
-        )
+        _warn(f"skipped {len(skipped)} run(s) with nothing to plot yet", skipped)
     if not results:
         raise PlotError("no run has usable metrics yet")
+    unfinished = [
+        f"{r.run_dir}: step {r.steps:,} of {r.total_steps:,}" for r in results if not r.finished
+    ]
+    if unfinished:
+        _warn(
+            f"{len(unfinished)} run(s) still running or stopped early, plotted as they are",
+            unfinished,
+        )
+    return label_settings(results)
+
+
+def plot_sweeps(
+    sweep_dirs: Sequence[str | os.PathLike],
+    out_dir: Path,
+    metric: str | None = None,
+    last: int | None = None,
+    logx: bool = False,
+) -> tuple[list[Path], list[Setting]]:
+    """Read every run, write runs.csv, settings.csv and one PNG per (group, metric).
+
+    Returns the written paths and the settings (in figure order, as in settings.csv).
+    """
+    results = collect(sweep_dirs, metric, last)
+    settings = summarize(results)
     out_dir.mkdir(parents=True, exist_ok=True)
-    csv_path = out_dir / "runs.csv"
-    write_csv(results, csv_path)
-    written = [csv_path]
-    for group, group_metric in sorted({(r.group, r.metric) for r in results}):
-        panel = [r for r in results if (r.group, r.metric) == (group, group_metric)]
-        if all(r.memory_size is None for r in panel):
-            print(f"{group}: no run logged {MEMORY_SIZE}; no figure", file=sys.stderr)
+    written = [out_dir / "runs.csv", out_dir / "settings.csv"]
+    write_runs_csv(results, written[0])
+    write_settings_csv(settings, written[1])
+    for (group, group_metric), panel in _by_figure(settings).items():
+        if all(s.memory_size is None for s in panel):
+            print(f"{group}: no run logged a memory size; no figure", file=sys.stderr)
             continue
         path = out_dir / f"{_file_name(group)}_{group_metric}.png"
-        plot_panel(panel, logx).savefig(path, dpi=150)
+        with atomic_open(path, "wb") as file:  # a sweep can be replotted while it runs
+            plot_panel(panel, logx).savefig(file, format="png", dpi=150)
         written.append(path)
-    return written
+    return written, settings
+
+
+def _note(setting: Setting, show_span: bool) -> str:
+    """A setting's annotation in the figure: "$L$=10 ramp=2" for memory.max_span=10 and
+    memory.ramp=2 (config keys shortened to their last part)."""
+    other = re.sub(r"(?:\w+\.)+(\w+)=", r"\1=", setting.setting)
+    return " ".join(
+        part for part in (f"$L$={setting.max_span}" if show_span else "", other) if part
+    )
+
+
+def _by_figure(settings: Iterable[Setting]) -> dict[tuple[str, str], list[Setting]]:
+    figures: dict[tuple[str, str], list[Setting]] = {}
+    for s in settings:
+        figures.setdefault((s.group, s.metric), []).append(s)
+    return figures
 
 
 def _metric_candidates(group: str, is_lm: bool) -> tuple[str, ...]:
@@ -245,6 +477,27 @@ def _config_value(cfg: Any, key: str, run_dir: Path) -> Any:
     return value
 
 
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """{"memory": {"max_span": 10}} -> {"memory.max_span": 10}; lists become tuples."""
+    if isinstance(node, dict):
+        flat = {}
+        for key, value in node.items():
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        return flat
+    return {prefix[:-1]: tuple(node) if isinstance(node, list) else node}
+
+
+def _differing_keys(runs: Sequence[RunResult]) -> list[str]:
+    keys = sorted({key for run in runs for key in run.config})
+    return [
+        key
+        for key in keys
+        if key not in (*BOOKKEEPING_KEYS, "memory.kind", "memory.max_span")
+        and not key.startswith(BOOKKEEPING_GROUPS)
+        and len({repr(run.config.get(key)) for run in runs}) > 1
+    ]
+
+
 def _series(records: list[dict[str, Any]], key: str) -> list[float]:
     """The logged values of `key`, skipping intervals where it was absent or null."""
     return [r[key] for r in records if isinstance(r.get(key), (int, float))]
@@ -255,13 +508,44 @@ def _mean_of_last(values: list[float], count: int) -> float:
     return math.fsum(tail) / len(tail)
 
 
+def _mean_std(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for a single value)."""
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _mean_std_text(mean: float, std: float, count: int) -> str:
+    return f"{mean:.3g}" if count == 1 else f"{mean:.3g} ± {std:.2g}"
+
+
+def _kind_styles(kinds: Iterable[str]) -> dict[str, tuple[str, str, str]]:
+    """Label, colour and marker of each kind present: known kinds first, in a fixed order."""
+    present = set(kinds)
+    styles = {kind: KIND_STYLES[kind] for kind in KIND_STYLES if kind in present}
+    for index, kind in enumerate(sorted(present - set(KIND_STYLES))):
+        styles[kind] = (kind, *OTHER_STYLES[index % len(OTHER_STYLES)])
+    return styles
+
+
 def _natural_key(path: Path) -> list[Any]:
     """Sort job directories 0, 1, 2, ..., 10 rather than 0, 1, 10, 2."""
     return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in path.parts]
 
 
+def _unique_by_resolved_path(paths: Iterable[Path]) -> list[Path]:
+    seen, unique = set(), []
+    for path in paths:
+        if path.resolve() not in seen:
+            seen.add(path.resolve())
+            unique.append(path)
+    return unique
+
+
 def _file_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
+
+
+def _warn(title: str, lines: Sequence[str]) -> None:
+    print(f"{title}:\n  " + "\n  ".join(lines), file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -270,25 +554,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         description="Plot final performance against average memory size, one point per run.",
     )
     parser.add_argument("sweep_dirs", nargs="+", help="Hydra sweep directories or run directories")
-    parser.add_argument("--out", required=True, type=Path, help="directory for runs.csv and PNGs")
+    parser.add_argument("--out", required=True, type=Path, help="directory for the CSVs and PNGs")
     parser.add_argument("--metric", help="metrics.jsonl key to plot instead of the task's default")
     parser.add_argument(
         "--last",
         type=int,
-        default=FINAL_POINTS,
-        help=f"final value = mean of this many last logged points (default {FINAL_POINTS})",
+        help=f"final value = mean of this many last logged points (default: {FINAL_POINTS} "
+        "for training metrics, 1 for validation metrics)",
     )
     parser.add_argument("--logx", action="store_true", help="log-scale memory-size axis")
+    parser.add_argument(
+        "--markdown",
+        action="store_true",
+        help="print the settings as markdown tables on stdout (the written files go to stderr)",
+    )
     args = parser.parse_args(argv)
-    if args.last < 1:
+    if args.last is not None and args.last < 1:
         parser.error(f"--last={args.last} must be at least 1")
     try:
-        written = plot_sweeps(args.sweep_dirs, args.out, args.metric, args.last, args.logx)
+        written, settings = plot_sweeps(
+            args.sweep_dirs, args.out, args.metric, args.last, args.logx
+        )
     except PlotError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
-    for path in written:
-        print(path)
+    print("\n".join(map(str, written)), file=sys.stderr if args.markdown else sys.stdout)
+    if args.markdown:
+        tables = [
+            f"{group}, {metric}:\n\n{markdown_table(panel)}"
+            for (group, metric), panel in _by_figure(settings).items()
+        ]
+        print("\n\n".join(tables))
     return 0
 
 

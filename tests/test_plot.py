@@ -1,33 +1,50 @@
-"""Tests for agents.plot on run directories written with training's own config and metrics."""
+"""Tests for agents.plot: on run directories written with training's own config and metrics
+writers, and on a real multirun sweep of train_rl.py."""
 
 from __future__ import annotations
 
 import csv
+import json
 import math
+import os
+import shutil
+import statistics
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from matplotlib.image import imread
 from omegaconf import OmegaConf
 
-from agents.plot import FINAL_POINTS, main, plot_panel, read_run
+from agents.plot import (
+    FINAL_POINTS,
+    label_settings,
+    main,
+    plot_panel,
+    read_run,
+    summarize,
+)
 from training import MetricsLogger, save_resolved_config
+
+ROOT = Path(__file__).resolve().parents[1]
+FIGURE_SHAPE = (600, 825)  # 5.5 x 4 inches at 150 dpi
 
 
 def make_run(run_dir, cfg, records):
     """A run directory as a trainer leaves it: resolved config.yaml and metrics.jsonl."""
     run_dir.mkdir(parents=True)
-    cfg = OmegaConf.create({**cfg, "wandb": {"mode": "disabled"}})
+    cfg = OmegaConf.create({"wandb": {"mode": "disabled"}, **cfg})
     save_resolved_config(run_dir, cfg)
     with MetricsLogger(run_dir, cfg) as logger:
         for record in records:
             logger.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
 
 
-def rl_config(kind, max_span, seed, env="corridor"):
-    return {"env": {"name": env}, "memory": {"kind": kind, "max_span": max_span}, "seed": seed}
+def rl_config(kind, max_span, seed, env="corridor", **memory):
+    memory = {"kind": kind, "max_span": max_span, **memory}
+    return {"env": {"name": env}, "memory": memory, "seed": seed}
 
 
 def rl_records(successes, memory_sizes):
@@ -37,9 +54,26 @@ def rl_records(successes, memory_sizes):
     ]
 
 
-def final(values):
-    tail = [v for v in values if not math.isnan(v)][-FINAL_POINTS:]
+def final(values, count=FINAL_POINTS):
+    tail = [v for v in values if v is not None and not math.isnan(v)][-count:]
     return sum(tail) / len(tail)
+
+
+def read_csv(path):
+    with open(path) as file:
+        return list(csv.DictReader(file))
+
+
+def legend_line(axes, label):
+    """The line through the setting means (drawn with error bars) a legend entry stands for."""
+    (container,) = [c for c in axes.containers if c.get_label() == label]
+    return container.lines[0]
+
+
+def run_points(axes, kind):
+    """The faint per-run points of one memory kind, sorted."""
+    (points,) = [c for c in axes.collections if c.get_label() == f"_{kind} runs"]
+    return sorted(map(tuple, points.get_offsets().tolist()))
 
 
 @pytest.fixture
@@ -76,13 +110,13 @@ def test_sweep_gives_one_csv_row_per_run_with_final_means(corridor_sweep, tmp_pa
     out = tmp_path / "plots"
     assert main([str(sweep), "--out", str(out)]) == 0
 
-    with open(out / "runs.csv") as file:
-        rows = list(csv.DictReader(file))
+    rows = read_csv(out / "runs.csv")
     assert [row["run_dir"] for row in rows] == [str(sweep / str(job)) for job in expected]
     for row, (kind, span, success, memory_size) in zip(rows, expected.values(), strict=True):
         assert row["kind"] == kind
         assert row["max_span"] == ("" if span is None else str(span))
         assert row["metric"] == "success"
+        assert row["setting"] == ""
         assert float(row["final"]) == pytest.approx(success)
         assert float(row["memory_size"]) == pytest.approx(memory_size)
         assert row["steps"] == "8000"
@@ -92,64 +126,144 @@ def test_sweep_gives_one_csv_row_per_run_with_final_means(corridor_sweep, tmp_pa
     assert "skipped 2 run(s)" in warnings
     assert f"{sweep / '8'}: no metrics.jsonl yet" in warnings
     assert f"{sweep / '9'}: no config.yaml" in warnings
+    assert "still running" not in warnings  # no total_steps in these configs
 
-    image = imread(out / "corridor_success.png")
-    assert image.shape[:2] == (600, 825)  # 5.5 x 4 inches at 150 dpi
+    assert imread(out / "corridor_success.png").shape[:2] == FIGURE_SHAPE
 
 
-def test_panel_draws_each_kind_apart_at_its_memory_size(corridor_sweep):
+def test_seeds_of_one_setting_are_averaged(corridor_sweep, tmp_path):
     sweep, expected = corridor_sweep
-    results = [read_run(sweep / str(job)) for job in expected]
-    axes = plot_panel(results).axes[0]
+    assert main([str(sweep), "--out", str(tmp_path / "out")]) == 0
+    rows = read_csv(tmp_path / "out" / "settings.csv")
+    assert [(row["kind"], row["max_span"], row["runs"]) for row in rows] == [
+        ("expire_span", "200", "4"),
+        ("transformer_xl", "10", "1"),
+        ("transformer_xl", "50", "1"),
+        ("transformer_xl", "100", "1"),
+        ("transformer_xl", "200", "1"),
+        ("lstm", "", "1"),
+    ]
+    expire = [(s, m) for kind, _, s, m in expected.values() if kind == "expire_span"]
+    assert rows[0]["seeds"] == "0 1 2 3"
+    assert float(rows[0]["final_mean"]) == pytest.approx(statistics.mean(s for s, _ in expire))
+    assert float(rows[0]["final_std"]) == pytest.approx(statistics.stdev(s for s, _ in expire))
+    assert float(rows[0]["memory_size_std"]) == pytest.approx(
+        statistics.stdev(m for _, m in expire)
+    )
+    assert float(rows[1]["final_std"]) == 0.0
+    assert float(rows[1]["final_mean"]) == pytest.approx(expected[3][2])
+
+
+def test_panel_draws_runs_and_setting_means_per_kind(corridor_sweep):
+    sweep, expected = corridor_sweep
+    settings = summarize(label_settings([read_run(sweep / str(job)) for job in expected]))
+    axes = plot_panel(settings).axes[0]
     labels = [text.get_text() for text in axes.get_legend().get_texts()]
-    assert labels == ["Expire-Span", "Transformer-XL", "LSTM"]
-    points = {
-        label: sorted(map(tuple, collection.get_offsets().tolist()))
-        for label, collection in zip(labels, axes.collections, strict=True)
-    }
+    assert labels == ["Expire-Span ($L$=200)", "Transformer-XL", "LSTM"]
+
     expire = sorted((m, s) for kind, _, s, m in expected.values() if kind == "expire_span")
-    np.testing.assert_allclose(points["Expire-Span"], expire)
-    assert len(points["Transformer-XL"]) == 4
+    np.testing.assert_allclose(run_points(axes, "expire_span"), expire)
+    mean = legend_line(axes, labels[0]).get_xydata()
+    np.testing.assert_allclose(mean, [np.mean(expire, axis=0)])
+
+    # Transformer-XL: one point per span, joined in order of memory size, each annotated.
+    xl = sorted((m, s) for kind, _, s, m in expected.values() if kind == "transformer_xl")
+    np.testing.assert_allclose(legend_line(axes, "Transformer-XL").get_xydata(), xl)
+    assert legend_line(axes, "Transformer-XL").get_linestyle() == "-"
+    assert legend_line(axes, labels[0]).get_linestyle() == "None"
+    notes = {text.get_text() for text in axes.texts}
+    assert {"$L$=10", "$L$=50", "$L$=100", "$L$=200"} <= notes
     assert axes.get_xlabel() == "average memory size $|C_t|$"
 
 
+def test_settings_split_on_what_differs_but_not_on_bookkeeping(tmp_path):
+    records = rl_records([0.5, 0.7], [3.0, 4.0])
+    for job, (alpha, seed, log_interval) in enumerate(
+        [(1e-6, 0, 1), (1e-6, 1, 5), (1e-5, 0, 1), (1e-5, 1, 1)]
+    ):
+        cfg = rl_config("expire_span", 64, seed, aux_loss_coef=alpha)
+        cfg.update(log_interval=log_interval, wandb={"mode": "disabled", "project": f"p{job}"})
+        make_run(tmp_path / "sweep" / str(job), cfg, records)
+    make_run(tmp_path / "sweep" / "4", rl_config("transformer_xl", 64, 0), records)
+
+    settings = summarize(
+        label_settings([read_run(tmp_path / "sweep" / str(job)) for job in range(5)])
+    )
+    assert [(s.kind, s.setting, s.seeds) for s in settings] == [
+        ("expire_span", "memory.aux_loss_coef=1e-05", [0, 1]),
+        ("expire_span", "memory.aux_loss_coef=1e-06", [0, 1]),
+        ("transformer_xl", "", [0]),
+    ]
+    assert main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out")]) == 0
+    axes = plot_panel(settings).axes[0]
+    notes = {text.get_text() for text in axes.texts}
+    assert notes == {"aux_loss_coef=1e-05", "aux_loss_coef=1e-06"}
+    expire = legend_line(axes, "Expire-Span")
+    assert expire.get_linestyle() == "None"  # not a span sweep: no trade-off curve to draw
+    assert len(expire.get_xydata()) == 2
+
+
 @pytest.mark.parametrize(
-    ("cfg", "logged", "metric"),
+    ("cfg", "logged", "metric", "last"),
     [
-        (rl_config("expire_span", 100, 0, env="portal"), "rooms_reached", "rooms_reached"),
-        (rl_config("expire_span", 100, 0, env="minigrid_memory"), "return", "return"),
+        (rl_config("expire_span", 100, 0, env="portal"), "rooms_reached", "rooms_reached", 5),
+        (rl_config("expire_span", 100, 0, env="minigrid_memory"), "return", "return", 5),
         (
             {"task": {"name": "enwik8"}, "memory": {"kind": "expire_span"}, "seed": 0},
             "valid_bpb",
             "valid_bpb",
+            1,
         ),
         (
             {"task": {"name": "copy"}, "memory": {"kind": "transformer_xl"}, "seed": 0},
             "valid_accuracy",
             "valid_accuracy",
+            1,
         ),
         (
             {"task": {"name": "collision"}, "memory": {"kind": "expire_span"}, "seed": 0},
             "valid_error",
             "valid_error",
+            1,
         ),
     ],
 )
-def test_metric_follows_the_env_or_task(tmp_path, cfg, logged, metric):
+def test_metric_follows_the_env_or_task(tmp_path, cfg, logged, metric, last):
     records = [
-        {"step": step, logged: 0.5 + step, "loss": 1.0, "memory_size": 3.0} for step in range(10)
+        {"step": step, logged: 0.5 + step, "loss": 1.0, "memory_size": 3.0 + step}
+        for step in range(10)
     ]
     make_run(tmp_path / "run", cfg, records)
     result = read_run(tmp_path / "run")
     assert result.metric == metric
-    assert result.final == pytest.approx(0.5 + sum(range(5, 10)) / 5)
+    assert result.final == pytest.approx(0.5 + sum(range(10 - last, 10)) / last)
+    assert result.memory_size == pytest.approx(3.0 + sum(range(10 - last, 10)) / last)
     assert read_run(tmp_path / "run", metric="loss", last=2).final == 1.0
 
 
-def test_a_single_run_directory_is_accepted(tmp_path):
+def test_lm_validation_pairs_with_the_validation_memory_size(tmp_path):
+    """train_lm.py logs memory_size while training and valid_memory_size with each validation
+    pass; the figure pairs valid_bpb with the memory size of the same pass."""
+    records = []
+    for step in range(1, 9):
+        record = {"step": 10 * step, "train_loss": 2.0, "memory_size": 100.0 + step}
+        if step % 4 == 0:
+            record.update(valid_bpb=2.0 - step / 10, valid_memory_size=50.0 + step)
+        records.append(record)
+    cfg = {"task": {"name": "enwik8"}, "memory": {"kind": "expire_span"}, "seed": 0}
+    make_run(tmp_path / "run", {**cfg, "total_steps": 80}, records)
+    result = read_run(tmp_path / "run")
+    assert (result.final, result.memory_size, result.steps) == (pytest.approx(1.2), 58.0, 80)
+    assert read_run(tmp_path / "run", last=2).memory_size == pytest.approx(56.0)
+    assert read_run(tmp_path / "run", metric="train_loss").memory_size == pytest.approx(106.0)
+
+
+def test_a_single_run_directory_is_accepted_once(tmp_path):
     make_run(tmp_path / "run", rl_config("expire_span", 64, 7), rl_records([1.0], [5.0]))
-    assert main([str(tmp_path / "run"), "--out", str(tmp_path / "out")]) == 0
-    assert (tmp_path / "out" / "corridor_success.png").is_file()
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "run"), str(tmp_path), "--out", str(out)]) == 0
+    assert len(read_csv(out / "runs.csv")) == 1
+    assert (out / "corridor_success.png").is_file()
 
 
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
@@ -182,3 +296,99 @@ def test_command_line_error_has_no_traceback(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr == f"python -m agents.plot: error: {tmp_path / 'nope'} does not exist\n"
+
+
+# A real sweep: train_rl.py -m with two memory kinds, tiny enough to take seconds.
+TINY = [
+    "env.max_length=5",
+    "num_envs=4",
+    "unroll_len=10",
+    "memory.dim=16",
+    "memory.num_heads=2",
+    "memory.ffn_dim=32",
+    "memory.max_span=16",
+    "memory.block_len=10",
+    "wandb.mode=disabled",
+    "log_interval=1",
+]
+TINY_STEPS = 280  # 7 updates of 4 x 10 steps: more log lines than FINAL_POINTS
+
+
+@pytest.fixture(scope="module")
+def real_sweep(tmp_path_factory):
+    sweep = tmp_path_factory.mktemp("real") / "sweep"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train_rl.py"), "-m", "memory=expire_span,transformer_xl"]
+        + [*TINY, f"total_steps={TINY_STEPS}", f"hydra.sweep.dir={sweep}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    assert result.returncode == 0, result.stderr
+    return sweep
+
+
+def expected_from_files(run_dir):
+    """kind, success and memory size recomputed from the run's own files."""
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    kind = OmegaConf.load(run_dir / "config.yaml").memory.kind
+    success = final([r["success"] for r in records])
+    return kind, success, final([r["memory_size"] for r in records]), records[-1]["step"]
+
+
+def test_real_sweep_points_and_csv_match_the_metrics_files(real_sweep, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main([str(real_sweep), "--out", str(out), "--markdown"]) == 0
+    stdout = capsys.readouterr().out
+
+    rows = read_csv(out / "runs.csv")
+    assert [row["run_dir"] for row in rows] == [str(real_sweep / job) for job in ("0", "1")]
+    expected = [expected_from_files(real_sweep / job) for job in ("0", "1")]
+    assert [kind for kind, *_ in expected] == ["expire_span", "transformer_xl"]
+    for row, (kind, success, memory_size, steps) in zip(rows, expected, strict=True):
+        assert (row["kind"], row["max_span"], row["seed"]) == (kind, "16", "0")
+        assert float(row["final"]) == pytest.approx(success)
+        assert float(row["memory_size"]) == pytest.approx(memory_size)
+        assert int(row["steps"]) == steps == TINY_STEPS
+        assert 0 < float(row["memory_size"]) <= 16
+
+    assert imread(out / "corridor_success.png").shape[:2] == FIGURE_SHAPE
+    settings = summarize(label_settings([read_run(real_sweep / job) for job in ("0", "1")]))
+    axes = plot_panel(settings).axes[0]
+    for kind, success, memory_size, _ in expected:
+        np.testing.assert_allclose(run_points(axes, kind), [(memory_size, success)])
+
+    table = stdout.splitlines()
+    assert table[:4] == [
+        "corridor, success:",
+        "",
+        "| memory | max span | runs | memory size | success | steps |",
+        "|---|---|---|---|---|---|",
+    ]
+    (_, success, memory_size, _) = expected[0]
+    assert table[4] == f"| Expire-Span | 16 | 1 | {memory_size:.3g} | {success:.3g} | 280 |"
+    assert table[5].startswith("| Transformer-XL | 16 | 1 |")
+
+
+def test_real_sweep_with_runs_not_done_yet(real_sweep, tmp_path, capsys):
+    sweep = tmp_path / "sweep"
+    shutil.copytree(real_sweep, sweep)
+    metrics = sweep / "1" / "metrics.jsonl"
+    lines = metrics.read_text().splitlines(keepends=True)
+    metrics.write_text("".join(lines[:3]) + lines[3][:20])  # a line being written
+    out = tmp_path / "out"
+    assert main([str(sweep), "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "1 run(s) still running or stopped early" in err
+    assert f"{sweep / '1'}: step 120 of {TINY_STEPS}" in err
+    assert read_csv(out / "runs.csv")[1]["steps"] == "120"
+
+    (sweep / "0" / "metrics.jsonl").unlink()
+    metrics.write_text("")
+    assert main([str(sweep), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert f"{sweep / '0'}: no metrics.jsonl yet" in err
+    assert f"{sweep / '1'}: metrics.jsonl is empty" in err
+    assert "error: no run has usable metrics yet" in err
