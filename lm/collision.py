@@ -201,7 +201,8 @@ def _pair_questions(
     """Hard version: an ordered colour pair per step and the quadrant of its last collision."""
     num_pairs = rules.num_colors**2
     seen = last >= 0
-    last_pair = np.where(seen, pairs[np.maximum(last, 0)], num_pairs)
+    last_pair = np.full(last.size, num_pairs)  # num_pairs: no collision yet
+    last_pair[seen] = pairs[last[seen]]
     ask_last = seen & (rng.random(last.size) < rules.last_collision_question_prob)
     # uniform over the pairs other than the last collision's (all pairs before any collision)
     other = rng.integers(np.where(seen, num_pairs - 1, num_pairs))

@@ -1,0 +1,416 @@
+"""train_lm.py and lm.visualize: config errors, learning, memory beyond a fixed span, exact
+resume after a kill, torchrun with two processes, the span visualisation."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from lm import visualize
+from training import ConfigError, DistInfo
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT_FILE = Path(argparse.__file__)  # ~100 kB of English and Python that every Python ships
+# A small model and short runs; data generated into a per-session cache.
+SMALL = [
+    "memory.num_layers=2",
+    "memory.dim=32",
+    "memory.num_heads=2",
+    "memory.ffn_dim=64",
+    "memory.block_len=16",
+    "memory.max_span=32",
+    "memory.ramp=8",
+    "batch_size=4",
+    "eval_batch_size=4",
+    "eval_tokens=2048",
+    "warmup_steps=0",
+    "wandb.mode=disabled",
+    "log_interval=1",
+]
+VOLATILE = ("tokens_per_s",)  # timing: the one metric that differs between identical runs
+
+
+def load_train_lm():
+    """train_lm.py is a script in the repository root, not a package module: load it by path."""
+    spec = importlib.util.spec_from_file_location("train_lm", ROOT / "train_lm.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train_lm = load_train_lm()
+
+
+def command(args, run_dir, launcher=(sys.executable,)):
+    return [*launcher, str(ROOT / "train_lm.py"), *args, f"hydra.run.dir={run_dir}"]
+
+
+def run(args, run_dir, timeout=300, launcher=(sys.executable,), cwd=ROOT):
+    return subprocess.run(
+        command(args, run_dir, launcher),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+
+
+def metrics(run_dir) -> list[dict]:
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def final(run_dir, key):
+    return [r[key] for r in metrics(run_dir) if key in r][-1]
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def compose_config(*overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        return compose("lm", overrides=list(overrides))
+
+
+# ------------------------------------------------------------------ configuration
+
+
+@pytest.mark.parametrize(
+    "overrides, expected",
+    [
+        (["memory.block_len=0"], "memory.block_len"),
+        (["batch_size=0"], "batch_size"),
+        (["total_steps=-5"], "total_steps"),
+        (["lr=0"], "lr"),
+        (["min_lr_ratio=2"], "min_lr_ratio"),
+        (["memory.kind=lstm"], "expire_span"),
+        (["memory.dim=30", "memory.num_heads=4"], "divisible"),
+        (["wandb.mode=sometimes"], "offline"),
+        (["eval.split=dev"], "valid"),
+        (["mode=eval"], "checkpoint=PATH"),
+        (["task=text"], "task.path"),
+    ],
+)
+def test_bad_config_values_are_named(overrides, expected):
+    with pytest.raises(ConfigError, match=expected):
+        train_lm.check_config(compose_config(*overrides))
+
+
+def test_bad_task_options_are_config_errors(tmp_path):
+    cfg = compose_config("task=copy", "task.distance=0", f"task.cache_dir={tmp_path}")
+    with pytest.raises(ConfigError, match="task=copy: distance must be at least 1"):
+        train_lm.load_data(cfg.task, DistInfo())
+
+
+def test_config_error_exits_with_code_2_before_any_work(tmp_path):
+    result = run(["memory.block_len=0"], tmp_path / "run")
+    assert result.returncode == 2, result.stderr
+    assert "memory.block_len" in result.stderr and "Traceback" not in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_unknown_task_names_the_valid_choices(tmp_path):
+    result = run(["task=enwik9"], tmp_path / "run")
+    assert result.returncode != 0
+    for choice in ("enwik8", "text", "collision", "copy", "instruction"):
+        assert choice in result.stderr
+
+
+def test_missing_enwik8_says_where_to_put_it(tmp_path):
+    # a relative data_dir is read from where the run was started
+    result = run(["task=enwik8", "task.data_dir=corpus"], tmp_path / "run", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "enwik8.zip" in result.stderr and str(tmp_path / "corpus") in result.stderr
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_learning_rate_warms_up_linearly_then_decays_by_cosine():
+    cfg = compose_config("lr=1e-3", "warmup_steps=10", "total_steps=110", "min_lr_ratio=0.1")
+    rates = [train_lm.learning_rate(cfg, step) for step in range(110)]
+    assert rates[:10] == pytest.approx([1e-3 * (s + 1) / 10 for s in range(10)])
+    assert rates[10] == pytest.approx(1e-3)
+    assert rates[60] == pytest.approx(1e-4 + 0.9e-3 * 0.5)  # half way: cosine at pi / 2
+    assert rates[-1] > 1e-4 and train_lm.learning_rate(cfg, 110) == pytest.approx(1e-4)
+    assert all(a >= b for a, b in zip(rates[10:], rates[11:], strict=False))
+
+
+# ------------------------------------------------------------------ learning
+
+
+def unigram_entropy_bits(data: bytes) -> float:
+    counts = np.bincount(np.frombuffer(data, dtype=np.uint8), minlength=256)
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log2(p)).sum())
+
+
+@pytest.fixture(scope="module")
+def text_run(tmp_path_factory):
+    """A short expire-span run on a small text; its checkpoint is shown by the visualiser."""
+    run_dir = tmp_path_factory.mktemp("text") / "run"
+    args = [
+        *SMALL,
+        "task=text",
+        f"task.path={TEXT_FILE}",
+        "memory.dim=64",
+        "memory.num_heads=4",
+        "memory.ffn_dim=128",
+        "memory.block_len=32",
+        "memory.max_span=64",
+        "batch_size=8",
+        "lr=2e-3",
+        "warmup_steps=20",
+        "total_steps=300",
+        "log_interval=50",
+        "eval_interval=150",
+        "checkpoint_interval=150",
+        "eval_tokens=4096",
+    ]
+    result = run(args, run_dir)
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
+def valid_start(size: int) -> int:
+    """Where the text task's validation split starts (5% valid, then 5% test, at the end)."""
+    return size - 2 * int(size * 0.05)
+
+
+def test_text_run_predicts_bytes_better_than_their_frequencies(text_run):
+    data = TEXT_FILE.read_bytes()
+    valid = data[valid_start(len(data)) :][:4096]
+    records = metrics(text_run)
+    assert [r["step"] for r in records] == [50, 100, 150, 200, 250, 300]
+    first, last = records[0], records[-1]
+    assert last["valid_bpb"] == pytest.approx(last["valid_loss"] / math.log(2))
+    assert last["valid_bpb"] < unigram_entropy_bits(valid) - 1.0
+    assert last["train_loss"] < first["train_loss"] - 1.0
+    for key in ("memory_size", "tokens_per_s", "train_bpb", "aux_loss", "valid_memory_size"):
+        assert last[key] > 0
+
+
+def test_eval_mode_scores_a_checkpoint_as_training_did(text_run):
+    result = run(["mode=eval", f"checkpoint={text_run}", "eval.split=valid", "eval.tokens=4096"],
+                 text_run.parent / "eval")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    scored = json.loads(result.stdout.strip().splitlines()[-1])
+    assert scored["step"] == 300 and scored["tokens"] == 4096
+    assert scored["valid_bpb"] == pytest.approx(final(text_run, "valid_bpb"), rel=1e-6)
+
+
+def test_copy_needs_a_memory_that_reaches_the_first_run(tmp_path, cache_dir):
+    """Copy over 16 B's: Transformer-XL with 2 layers x span 4 = 8 < 16 cannot see how many
+    A's there were and guesses (chance 1/2 with max_count 2); Expire-Span with L = 32 can,
+    across blocks of 16, so only through the memory carried from block to block."""
+    common = [
+        *SMALL,
+        "task=copy",
+        "task.distance=16",
+        "task.max_count=2",
+        "task.train_episodes=8000",
+        "task.valid_episodes=256",
+        f"task.cache_dir={cache_dir}",
+        "memory.dim=64",
+        "memory.num_heads=4",
+        "memory.ffn_dim=128",
+        "batch_size=8",
+        "lr=1e-3",
+        "warmup_steps=20",
+        "total_steps=800",
+        "log_interval=100",
+        "eval_interval=800",
+        "checkpoint_interval=800",
+        "eval_tokens=4096",
+    ]
+    expire = [*common, "memory=expire_span", "memory.max_span=32", "memory.init_span_fraction=0.9"]
+    fixed = [*common, "memory=transformer_xl", "memory.max_span=4"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    # load the data once, then train both models side by side (one core each)
+    train_lm.load_data(compose_config(*common).task, DistInfo())
+    runs = {
+        name: subprocess.Popen(
+            command(args, tmp_path / name),
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for name, args in (("expire", expire), ("fixed", fixed))
+    }
+    for name, process in runs.items():
+        _, stderr = process.communicate(timeout=300)
+        assert process.returncode == 0, f"{name}: {stderr}"
+    assert final(tmp_path / "expire", "valid_accuracy") >= 0.9
+    assert final(tmp_path / "fixed", "valid_accuracy") == pytest.approx(0.5, abs=0.1)
+    assert final(tmp_path / "fixed", "memory_size") == pytest.approx(4, abs=0.1)
+
+
+# ------------------------------------------------------------------ resume and torchrun
+
+
+def comparable(records):
+    return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+
+
+def test_killed_run_resumes_exactly_where_it_stopped(tmp_path, cache_dir):
+    # constant learning rate, so the schedule does not depend on total_steps
+    args = [
+        *SMALL,
+        "task=collision",
+        "task.train_steps=300",  # 2400 tokens: 37 blocks of 16 per row; rows wrap around
+        "task.valid_steps=200",
+        "task.test_steps=10",
+        f"task.cache_dir={cache_dir}",
+        "min_lr_ratio=1",
+        "eval_interval=25",
+        "checkpoint_interval=20",
+        "eval_tokens=512",
+    ]
+    killed = tmp_path / "killed"
+    process = subprocess.Popen(
+        command([*args, "total_steps=100000"], killed),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
+    metrics_file = killed / "metrics.jsonl"
+    deadline = time.monotonic() + 240
+    while not (metrics_file.exists() and len(metrics_file.read_text().splitlines()) >= 30):
+        assert process.poll() is None, process.stderr.read().decode()
+        assert time.monotonic() < deadline, "the run logged too slowly"
+        time.sleep(0.1)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    saved = torch.load(killed / "checkpoint.pt", weights_only=True)
+    assert saved["step"] % 20 == 0 and saved["step"] <= len(metrics(killed))
+    total = saved["step"] + 40  # past the next epoch boundary (step 37 k)
+
+    result = run([*args, f"total_steps={total}", "resume=true"], killed)
+    assert result.returncode == 0, result.stderr
+    result = run([*args, f"total_steps={total}"], tmp_path / "uninterrupted")
+    assert result.returncode == 0, result.stderr
+    resumed, reference = metrics(killed), metrics(tmp_path / "uninterrupted")
+    assert [r["step"] for r in resumed] == list(range(1, total + 1))
+    assert comparable(resumed) == comparable(reference)
+
+
+def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
+    result = run([*SMALL, "resume=true"], tmp_path / "empty")
+    assert result.returncode == 2
+    assert "checkpoint" in result.stderr and "empty" in result.stderr
+
+
+def test_torchrun_splits_the_rows_and_matches_one_process(tmp_path, cache_dir):
+    args = [
+        *SMALL,
+        "task=copy",
+        "task.train_episodes=300",
+        "task.valid_episodes=40",
+        f"task.cache_dir={cache_dir}",
+        "total_steps=6",
+        "eval_interval=3",
+        "checkpoint_interval=2",
+        "lr=3e-3",
+    ]
+    launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2")
+    result = run(args, tmp_path / "two", launcher=launcher)
+    assert result.returncode == 0, result.stderr
+    result = run(args, tmp_path / "one")
+    assert result.returncode == 0, result.stderr
+    checkpoint = torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=True)
+    first, second = checkpoint["parameter_digests"]
+    assert first == second
+    assert len(checkpoint["memory_state"]) == 2
+    # each rank takes half of the rows and the loss is averaged over both, so the two
+    # processes train the model one process trains, up to float rounding
+    two, one = metrics(tmp_path / "two"), metrics(tmp_path / "one")
+    assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, 7))
+    for key in ("train_loss", "grad_norm", "valid_loss", "valid_accuracy", "memory_size"):
+        assert [r.get(key) for r in two] == pytest.approx([r.get(key) for r in one], rel=1e-4)
+
+
+# ------------------------------------------------------------------ span visualisation
+
+
+def memory_spans(model, ids, num_layers):
+    """Spans as the memory stores them: after each block, (position, e_i) of every memory
+    still held, read from the carried state."""
+    found = [dict() for _ in range(num_layers)]
+    state = model.initial_state(1)
+    tokens = torch.as_tensor(ids)[None]
+    with torch.no_grad():
+        for start in range(0, len(ids), model.cfg.block_len):
+            _, out = model(tokens[:, start : start + model.cfg.block_len], state)
+            state = out.state
+            for layer, store in enumerate(state.layers):
+                slots = store.view()
+                for position, span in zip(
+                    slots.position[0].tolist(), slots.span[0].tolist(), strict=True
+                ):
+                    found[layer][position] = span
+    return found
+
+
+def test_visualization_shows_the_models_spans_one_row_per_layer(text_run, tmp_path):
+    out = tmp_path / "spans"
+    assert visualize.main([str(text_run), "--text", str(TEXT_FILE), "--length", "300",
+                           "--out", str(out)]) == 0  # fmt: skip
+    shown = json.loads((out / "spans.json").read_text())
+    spans = np.array(shown["spans"])
+    assert spans.shape == (2, 300) and shown["max_span"] == 64
+    assert shown["tokens"] == list(TEXT_FILE.read_bytes()[:300])
+    assert ((spans >= 0) & (spans <= 64)).all() and spans.std() > 0.01
+
+    model, _, _ = visualize.load_model(text_run)
+    stored = memory_spans(model, np.array(shown["tokens"]), 2)
+    for layer in range(2):
+        positions = sorted(stored[layer])
+        assert len(positions) >= 50  # every block leaves at least its last memories
+        assert spans[layer, positions] == pytest.approx([stored[layer][p] for p in positions])
+
+    page = (out / "spans.html").read_text()
+    assert page.count('<section class="layer"') == 2
+    rows = page.split('<section class="layer"')[1:]
+    for layer, row in enumerate(rows):
+        values = [float(v) for v in re.findall(r'data-span="([^"]+)"', row)]
+        assert values == pytest.approx(spans[layer].tolist(), rel=1e-5)
+        assert f"darkest: e = {spans[layer].max():.1f}" in row  # each layer on its own scale
+    assert (out / "spans.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    passage = visualize.Passage(np.array(shown["tokens"]), shown["labels"], spans, 64, False)
+    labels = [axes.get_ylabel() for axes in visualize.render_png(passage, "test").axes]
+    assert [label for label in labels if label.startswith("layer")] == ["layer 1", "layer 2"]
+
+
+def test_visualization_reads_a_split_of_the_trained_task(text_run, tmp_path):
+    out = tmp_path / "valid"
+    code = visualize.main([str(text_run), "--split", "valid", "--offset", "10", "--length", "64",
+                           "--out", str(out)])  # fmt: skip
+    assert code == 0
+    shown = json.loads((out / "spans.json").read_text())
+    start = valid_start(TEXT_FILE.stat().st_size) + 10
+    assert shown["tokens"] == list(TEXT_FILE.read_bytes()[start : start + 64])
+
+
+def test_visualization_refuses_models_without_expire_spans(tmp_path, capsys):
+    torch.save({"step": 1, "config": {"memory": {"kind": "transformer_xl"}}}, tmp_path / "ck.pt")
+    assert visualize.main([str(tmp_path / "ck.pt"), "--split", "valid", "--out", "x"]) == 2
+    assert "memory=transformer_xl" in capsys.readouterr().err

@@ -1,0 +1,402 @@
+"""Train a language model with a memory core: `python train_lm.py task=collision`.
+
+The loop reads top to bottom: check the config, load (or generate) the task, cut the
+training stream into B parallel rows and walk them in blocks of K = memory.block_len
+tokens. Each update reads one block, carries the memory (detached) to the next block, and
+takes an Adam step with linear warm-up and cosine decay; every eval_interval updates a full
+pass over the first eval_tokens of the validation split, memory carried, gives valid_bpb
+(byte tasks) or valid_accuracy / valid_error (answer tasks). `mode=eval checkpoint=PATH`
+evaluates a checkpoint on a split instead. Under `torchrun` every rank walks its own slice
+of the B rows and gradients are all-reduced.
+
+Update u reads block u mod (row length // K) of every row, so a resumed run continues
+from the same data; the checkpoint also holds the carried memory, so it continues exactly.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+from pathlib import Path
+
+import hydra
+import numpy as np
+import torch
+import torch.nn.functional as F
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+from torch.nn.parallel import DistributedDataParallel
+
+from lm import IGNORE, TASKS, Split, TaskData, TaskDataError, answer_accuracy, load_task
+from lm.model import LanguageModel, load_memory_state, memory_state_dict
+from memory import KINDS, MemoryConfig
+from training import (
+    ConfigError,
+    DistInfo,
+    MetricsLogger,
+    all_gather_object,
+    all_reduce_mean,
+    broadcast_object,
+    check_choice,
+    check_positive,
+    check_positive_int,
+    check_range,
+    check_wandb_config,
+    cleanup_distributed,
+    exit_on_config_error,
+    get_run_dir,
+    load_checkpoint,
+    progress_bar,
+    rank_seed,
+    restore_rng_state,
+    resume_checkpoint,
+    rng_state,
+    save_checkpoint,
+    save_resolved_config,
+    seed_everything,
+    set_metrics,
+    setup_distributed,
+)
+
+PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
+INTERVAL_KEYS = ("loss_sum", "scored", "aux_loss", "memory_size", "grad_norm", "steps")
+
+
+def check_config(cfg: DictConfig) -> None:
+    """Reject impossible settings before any work is done."""
+    check_choice("mode", cfg.mode, ("train", "eval"))
+    check_choice("task", cfg.task.name, TASKS)
+    if cfg.task.name == "text" and not cfg.task.get("path"):
+        raise ConfigError("task=text reads a file of your own: add task.path=/path/to/file")
+    for key in (
+        "batch_size",
+        "total_steps",
+        "eval_batch_size",
+        "log_interval",
+        "eval_interval",
+        "checkpoint_interval",
+        "torch_threads",
+    ):
+        check_positive_int(key, cfg[key])
+    if cfg.eval_tokens is not None:
+        check_positive_int("eval_tokens", cfg.eval_tokens)
+    if cfg.eval.tokens is not None:
+        check_positive_int("eval.tokens", cfg.eval.tokens)
+    check_choice("eval.split", cfg.eval.split, ("train", "valid", "test"))
+    if cfg.warmup_steps != 0:
+        check_positive_int("warmup_steps", cfg.warmup_steps)
+    check_positive("lr", cfg.lr)
+    check_range("min_lr_ratio", cfg.min_lr_ratio, 0, 1)
+    if cfg.grad_clip is not None:
+        check_positive("grad_clip", cfg.grad_clip)
+    check_wandb_config(cfg.wandb)
+    if cfg.mode == "eval" and cfg.checkpoint is None:
+        raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
+    check_choice("memory", cfg.memory.kind, KINDS)
+    memory_config(cfg.memory)
+
+
+def memory_config(memory_cfg: DictConfig) -> MemoryConfig:
+    try:  # the memory config checks its own fields (block_len >= 1, dim % heads, ...)
+        return MemoryConfig(**OmegaConf.to_container(memory_cfg, resolve=True))
+    except (TypeError, ValueError) as error:
+        raise ConfigError(str(error)) from None
+
+
+def resolve_task_paths(task_cfg: DictConfig) -> None:
+    """Make the task's file and directory options absolute, relative to where the run started
+    (so the saved config and checkpoint point at the same files from anywhere)."""
+    base = Path(hydra.utils.get_original_cwd()) if HydraConfig.initialized() else Path.cwd()
+    for key in PATH_OPTIONS:
+        if task_cfg.get(key):
+            task_cfg[key] = str(base / Path(task_cfg[key]).expanduser())
+
+
+def load_data(task_cfg: DictConfig, dist: DistInfo) -> TaskData:
+    """Load or generate the task; rank 0 first, so it alone writes the shared data cache."""
+    options = {k: v for k, v in OmegaConf.to_container(task_cfg).items() if k != "name"}
+
+    def load() -> TaskData | str:
+        try:
+            return load_task(task_cfg.name, **options)
+        except TaskDataError as error:  # missing files and bad options: the message says why
+            return str(error)
+
+    data = load() if dist.is_main else None
+    error = broadcast_object(data if isinstance(data, str) else None, dist)  # also a barrier
+    if error is None and not dist.is_main:
+        data = load()
+        error = data if isinstance(data, str) else None
+    if error is not None:
+        raise ConfigError(f"task={task_cfg.name}: {error}")
+    return data
+
+
+def build_model(cfg: DictConfig, vocab_size: int) -> LanguageModel:
+    return LanguageModel(vocab_size, memory_config(cfg.memory))
+
+
+def rank_rows(rows: Split, dist: DistInfo) -> Split:
+    """This rank's contiguous share of the rows of a batchified split."""
+    per_rank = rows.inputs.shape[0] // dist.world_size
+    mine = slice(dist.rank * per_rank, (dist.rank + 1) * per_rank)
+    return Split(*(None if a is None else a[mine] for a in vars(rows).values()))
+
+
+def block(rows: Split, start: int, length: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Inputs and targets of positions [start, start + length) of every row, int64 tensors."""
+    return tuple(
+        torch.from_numpy(a[:, start : start + length].astype(np.int64)).to(device)
+        for a in (rows.inputs, rows.targets)
+    )
+
+
+def learning_rate(cfg: DictConfig, step: int) -> float:
+    """Linear warm-up over warmup_steps, then cosine decay to min_lr_ratio * lr at total_steps."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+
+
+def parameter_digest(model: torch.nn.Module) -> str:
+    """A hash of every parameter's bytes: equal on all DDP ranks while they stay in sync."""
+    flat = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
+    return hashlib.sha1(flat.numpy().tobytes()).hexdigest()
+
+
+@torch.no_grad()
+def evaluate(
+    model: LanguageModel, rows: Split, metric: str, dist: DistInfo, prefix: str
+) -> dict[str, float]:
+    """One pass over `rows` (all ranks' rows; this rank runs its share) in blocks of K with the
+    memory carried, in eval mode. Returns {prefix}_loss (nats per scored target), _memory_size,
+    and _bpb for byte tasks or _accuracy and _error for answer tasks."""
+    mine = rank_rows(rows, dist)
+    batch, length = mine.inputs.shape
+    block_len = model.cfg.block_len
+    was_training = model.training
+    model.eval()
+    state = model.initial_state(batch, dist.device)
+    loss_sum, scored, memory_size, predictions = 0.0, 0, 0.0, []
+    for start in range(0, length, block_len):
+        x, y = block(mine, start, block_len, dist.device)
+        logits, out = model(x, state)
+        state = out.state
+        loss_sum += F.cross_entropy(
+            logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
+        ).item()
+        scored += int((y != IGNORE).sum())
+        memory_size += out.memory_size * x.shape[1]
+        if metric != "bpb":
+            predictions.append(logits.argmax(-1).cpu().numpy())
+    model.train(was_training)
+    pred = np.concatenate(predictions, axis=1) if predictions else None
+    shares = all_gather_object((loss_sum, scored, memory_size, pred), dist)
+    loss = sum(s[0] for s in shares) / max(1, sum(s[1] for s in shares))
+    results = {"loss": loss, "memory_size": sum(s[2] for s in shares) / (len(shares) * length)}
+    if metric == "bpb":
+        results["bpb"] = loss / math.log(2)
+    else:
+        accuracy = answer_accuracy(np.concatenate([s[3] for s in shares]), rows)
+        results.update(accuracy=accuracy, error=1.0 - accuracy)
+    return {f"{prefix}_{key}": value for key, value in results.items()}
+
+
+def cut_rows(split: Split, tokens: int | None, batch_size: int, what: str) -> Split:
+    """The first `tokens` tokens of a split (None: all) as `batch_size` rows."""
+    try:
+        return (split.head(tokens) if tokens else split).batchify(batch_size)
+    except TaskDataError as error:
+        raise ConfigError(f"{what}: {error}") from None
+
+
+def check_divisible(name: str, value: int, dist: DistInfo) -> None:
+    if value % dist.world_size:
+        raise ConfigError(
+            f"{name}={value} must be divisible by the {dist.world_size} torchrun processes "
+            "(each takes an equal share of the rows)"
+        )
+
+
+def train(cfg: DictConfig) -> None:
+    dist = setup_distributed(cfg.device)
+    check_divisible("batch_size", cfg.batch_size, dist)
+    check_divisible("eval_batch_size", cfg.eval_batch_size, dist)
+    torch.set_num_threads(cfg.torch_threads)
+    run_dir = get_run_dir(dist)
+    checkpoint = resume_checkpoint(run_dir, cfg.resume)
+    if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
+        raise ConfigError(
+            f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} process(es); "
+            f"resume it with the same number, not {dist.world_size}"
+        )
+    resolve_task_paths(cfg.task)
+    data = load_data(cfg.task, dist)
+    K = cfg.memory.block_len
+    train_rows = rank_rows(cut_rows(data.train, None, cfg.batch_size, "batch_size"), dist)
+    blocks_per_epoch = train_rows.inputs.shape[1] // K
+    if blocks_per_epoch < 1:
+        raise ConfigError(
+            f"the training split ({len(data.train):,} tokens) cut into batch_size="
+            f"{cfg.batch_size} rows is shorter than one block (memory.block_len={K}); "
+            "use more data, fewer rows or shorter blocks"
+        )
+    valid_rows = cut_rows(data.valid, cfg.eval_tokens, cfg.eval_batch_size, "eval_batch_size")
+
+    seed_everything(rank_seed(cfg.seed, dist.rank))
+    model = build_model(cfg, data.vocab_size).to(dist.device)
+    learner = (
+        DistributedDataParallel(model, broadcast_buffers=False) if dist.is_distributed else model
+    )
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    first_step, state = 0, None
+    interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
+    if checkpoint is not None:
+        model.load_state_dict(checkpoint["model"])
+        optimizer.load_state_dict(checkpoint["optimizer"])
+        restore_rng_state(checkpoint["rng"][dist.rank])
+        first_step = checkpoint["step"]
+        state = load_memory_state(checkpoint["memory_state"][dist.rank], dist.device)
+        interval = checkpoint["interval"][dist.rank]
+    if dist.is_main:
+        save_resolved_config(run_dir, cfg)
+    logger = MetricsLogger(
+        run_dir, cfg, enabled=dist.is_main, resume_step=checkpoint["step"] if checkpoint else None
+    )
+    progress = progress_bar(cfg.total_steps, initial=first_step, enabled=dist.is_main)
+    task_metric = "valid_bpb" if data.metric == "bpb" else f"valid_{data.metric}"
+    tokens_per_step = cfg.batch_size * K
+    train_time, timed_steps = 0.0, 0  # this process's training time since the last log
+
+    model.train()
+    for step in range(first_step, cfg.total_steps):
+        started = time.perf_counter()
+        position = step % blocks_per_epoch
+        if position == 0:  # each row starts over from its beginning: nothing to remember
+            state = model.initial_state(train_rows.inputs.shape[0], dist.device)
+        x, y = block(train_rows, position * K, K, dist.device)
+        scored = int((y != IGNORE).sum())
+        # The loss is the mean over every rank's scored targets, as in one process: DDP
+        # averages the ranks' gradients, so each rank scales its sum by world_size / total.
+        total_scored = all_reduce_mean({"scored": scored}, dist)["scored"] * dist.world_size
+        logits, out = learner(x, state)
+        state = out.state
+        loss_sum = F.cross_entropy(
+            logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
+        )
+        loss = loss_sum * (dist.world_size / max(total_scored, 1.0)) + out.aux_loss
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(cfg, step)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(
+            model.parameters(), cfg.grad_clip if cfg.grad_clip else math.inf
+        )
+        optimizer.step()
+        for key, value in (
+            ("loss_sum", loss_sum.item()),
+            ("scored", scored),
+            ("aux_loss", float(out.aux_loss.detach())),
+            ("memory_size", out.memory_size),
+            ("grad_norm", grad_norm.item()),
+            ("steps", 1),
+        ):
+            interval[key] += value
+        train_time += time.perf_counter() - started
+        timed_steps += 1
+        done = step + 1
+        progress.update(1)
+
+        last = done == cfg.total_steps
+        record = {}
+        if done % cfg.log_interval == 0 or last:
+            means = all_reduce_mean(interval, dist)
+            steps = interval["steps"]
+            record.update(
+                train_loss=means["loss_sum"] / means["scored"] if means["scored"] else math.nan,
+                aux_loss=means["aux_loss"] / steps,
+                memory_size=means["memory_size"] / steps,
+                grad_norm=means["grad_norm"] / steps,
+                lr=learning_rate(cfg, step),
+                tokens_per_s=timed_steps * tokens_per_step / train_time,
+                epoch=done / blocks_per_epoch,
+            )
+            if data.metric == "bpb":
+                record["train_bpb"] = record["train_loss"] / math.log(2)
+            interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
+            train_time, timed_steps = 0.0, 0
+        if done % cfg.eval_interval == 0 or last:
+            record.update(evaluate(model, valid_rows, data.metric, dist, "valid"))
+        if record:
+            logger.log(record, step=done)
+            shown = ("train_loss", task_metric, "memory_size")
+            set_metrics(progress, {k: record[k] for k in shown if k in record})
+        if done % cfg.checkpoint_interval == 0 or last:
+            # Every rank takes part: its RNG state, memory and interval sums are gathered.
+            rng_states = all_gather_object(rng_state(), dist)
+            memory_states = all_gather_object(memory_state_dict(state), dist)
+            intervals = all_gather_object(dict(interval), dist)
+            digests = all_gather_object(parameter_digest(model), dist)
+            if len(set(digests)) > 1:
+                raise RuntimeError(f"DDP ranks hold different parameters: {digests}")
+            if dist.is_main:
+                save_checkpoint(
+                    run_dir,
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "step": done,
+                        "rng": rng_states,
+                        "memory_state": memory_states,
+                        "interval": intervals,
+                        "parameter_digests": digests,
+                        "vocab": list(data.vocab),
+                        "config": OmegaConf.to_container(cfg, resolve=True),
+                    },
+                )
+    progress.close()
+    logger.close()
+    cleanup_distributed()
+
+
+def evaluate_checkpoint(cfg: DictConfig) -> None:
+    """Evaluates a checkpoint on eval.split (its first eval.tokens tokens, or all) and prints
+    the result as one JSON line."""
+    checkpoint = load_checkpoint(cfg.checkpoint)
+    if checkpoint is None:
+        raise ConfigError(f"checkpoint={cfg.checkpoint}: no checkpoint file there")
+    trained = OmegaConf.create(checkpoint["config"])
+    torch.set_num_threads(cfg.torch_threads)
+    dist = DistInfo()
+    data = load_data(trained.task, dist)
+    model = build_model(trained, data.vocab_size)
+    model.load_state_dict(checkpoint["model"])
+    split = data.split(cfg.eval.split)
+    rows = cut_rows(split, cfg.eval.tokens, trained.eval_batch_size, "eval.tokens")
+    started = time.perf_counter()
+    result = evaluate(model, rows, data.metric, dist, cfg.eval.split)
+    result.update(
+        tokens=int(rows.inputs.size),
+        seconds=time.perf_counter() - started,
+        step=checkpoint["step"],
+        checkpoint=str(cfg.checkpoint),
+    )
+    print(json.dumps(result))
+
+
+@hydra.main(config_path="configs", config_name="lm", version_base=None)
+@exit_on_config_error
+def main(cfg: DictConfig) -> None:
+    check_config(cfg)
+    if cfg.mode == "eval":
+        evaluate_checkpoint(cfg)
+    else:
+        train(cfg)
+
+
+if __name__ == "__main__":
+    main()
