@@ -15,7 +15,6 @@ from the same data; the checkpoint also holds the carried memory, so it continue
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -46,6 +45,7 @@ from training import (
     check_wandb_config,
     cleanup_distributed,
     exit_on_config_error,
+    gather_parameter_digests,
     get_run_dir,
     load_checkpoint,
     progress_bar,
@@ -160,12 +160,6 @@ def learning_rate(cfg: DictConfig, step: int) -> float:
     progress = (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps)
     cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
-
-
-def parameter_digest(model: torch.nn.Module) -> str:
-    """A hash of every parameter's bytes: equal on all DDP ranks while they stay in sync."""
-    flat = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
-    return hashlib.sha1(flat.numpy().tobytes()).hexdigest()
 
 
 @torch.no_grad()
@@ -340,9 +334,7 @@ def train(cfg: DictConfig) -> None:
             rng_states = all_gather_object(rng_state(), dist)
             memory_states = all_gather_object(memory_state_dict(state), dist)
             intervals = all_gather_object(dict(interval), dist)
-            digests = all_gather_object(parameter_digest(model), dist)
-            if len(set(digests)) > 1:
-                raise RuntimeError(f"DDP ranks hold different parameters: {digests}")
+            digests = gather_parameter_digests(model, dist)
             if dist.is_main:
                 save_checkpoint(
                     run_dir,

@@ -9,7 +9,6 @@ log, checkpoint. `mode=eval checkpoint=PATH` runs greedy episodes instead. Under
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import time
@@ -39,6 +38,7 @@ from training import (
     check_wandb_config,
     cleanup_distributed,
     exit_on_config_error,
+    gather_parameter_digests,
     get_run_dir,
     load_checkpoint,
     progress_bar,
@@ -118,12 +118,6 @@ def make_single_env(env_cfg: DictConfig, render_mode: str | None = None) -> gym.
     if env_cfg.name == "minigrid_memory":
         return envs.make_minigrid_memory(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
     return gym.make(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
-
-
-def parameter_digest(model: torch.nn.Module) -> str:
-    """A hash of every parameter's bytes: equal on all DDP ranks while they stay in sync."""
-    flat = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
-    return hashlib.sha1(flat.numpy().tobytes()).hexdigest()
 
 
 def make_optimizer(agent_cfg: DictConfig, params) -> torch.optim.Optimizer:
@@ -319,9 +313,7 @@ def train(cfg: DictConfig) -> None:
         if (update + 1) % cfg.checkpoint_interval == 0 or update + 1 == num_updates:
             # Every rank takes part: RNG states and parameter digests are gathered.
             rng_states = all_gather_object(rng_state(), dist)
-            digests = all_gather_object(parameter_digest(agent), dist)
-            if len(set(digests)) > 1:
-                raise RuntimeError(f"DDP ranks hold different parameters: {digests}")
+            digests = gather_parameter_digests(agent, dist)
             if dist.is_main:
                 save_checkpoint(
                     run_dir,

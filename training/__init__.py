@@ -45,6 +45,7 @@ from training.distributed import (
     all_reduce_mean,
     broadcast_object,
     cleanup_distributed,
+    gather_parameter_digests,
     resolve_device,
     setup_distributed,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "check_wandb_config",
     "cleanup_distributed",
     "exit_on_config_error",
+    "gather_parameter_digests",
     "get_run_dir",
     "load_checkpoint",
     "load_run_config",

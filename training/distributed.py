@@ -8,6 +8,7 @@ Run plainly, the same script is a single process and no process group is created
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -145,3 +146,13 @@ def broadcast_object(obj: Any, dist: DistInfo) -> Any:
     box = [obj]
     torch_dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def gather_parameter_digests(model: torch.nn.Module, dist: DistInfo) -> list[str]:
+    """Every rank's hash of its parameters (a collective); raises if the ranks differ, which
+    DDP's all-reduced updates must never let happen."""
+    flat = torch.cat([p.detach().flatten().cpu() for p in model.parameters()])
+    digests = all_gather_object(hashlib.sha1(flat.numpy().tobytes()).hexdigest(), dist)
+    if len(set(digests)) > 1:
+        raise RuntimeError(f"DDP ranks hold different parameters: {digests}")
+    return digests
