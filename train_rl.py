@@ -192,6 +192,11 @@ def train(cfg: DictConfig) -> None:
     seed_everything(rank_seed(cfg.seed, dist.rank))
     run_dir = get_run_dir(dist)
     checkpoint = resume_checkpoint(run_dir, cfg.resume)
+    if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
+        raise ConfigError(
+            f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} processes; "
+            f"resume it with as many (torchrun --nproc_per_node={len(checkpoint['rng'])})"
+        )
     B, T = cfg.num_envs, cfg.unroll_len
     steps_per_update = B * T * dist.world_size
     num_updates = math.ceil(cfg.total_steps / steps_per_update)
