@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from matplotlib.image import imread
 from omegaconf import OmegaConf
+from tiny_rl import TINY_RL
 
 from agents.plot import (
     FINAL_POINTS,
@@ -299,18 +300,6 @@ def test_command_line_error_has_no_traceback(tmp_path):
 
 
 # A real sweep: train_rl.py -m with two memory kinds, tiny enough to take seconds.
-TINY = [
-    "env.max_length=5",
-    "num_envs=4",
-    "unroll_len=10",
-    "memory.dim=16",
-    "memory.num_heads=2",
-    "memory.ffn_dim=32",
-    "memory.max_span=16",
-    "memory.block_len=10",
-    "wandb.mode=disabled",
-    "log_interval=1",
-]
 TINY_STEPS = 280  # 7 updates of 4 x 10 steps: more log lines than FINAL_POINTS
 
 
@@ -319,7 +308,7 @@ def real_sweep(tmp_path_factory):
     sweep = tmp_path_factory.mktemp("real") / "sweep"
     result = subprocess.run(
         [sys.executable, str(ROOT / "train_rl.py"), "-m", "memory=expire_span,transformer_xl"]
-        + [*TINY, f"total_steps={TINY_STEPS}", f"hydra.sweep.dir={sweep}"],
+        + [*TINY_RL, f"total_steps={TINY_STEPS}", f"hydra.sweep.dir={sweep}"],
         capture_output=True,
         text=True,
         timeout=300,

@@ -11,22 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from tiny_rl import STEPS_PER_UPDATE, TINY_RL
 
 ROOT = Path(__file__).resolve().parents[1]
-# A tiny, fast run: 4 environments, unrolls of 10 steps, short corridors.
-TINY = [
-    "env.max_length=5",
-    "num_envs=4",
-    "unroll_len=10",
-    "memory.dim=16",
-    "memory.num_heads=2",
-    "memory.ffn_dim=32",
-    "memory.max_span=16",
-    "memory.block_len=10",
-    "wandb.mode=disabled",
-    "log_interval=1",
-]
-STEPS_PER_UPDATE = 4 * 10
 
 
 def run(args, run_dir, timeout=300, launcher=(sys.executable,)):
@@ -73,7 +60,7 @@ def test_unknown_env_names_the_valid_choices(tmp_path):
 
 def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
     run_dir = tmp_path / "run"
-    args = [*TINY, "checkpoint_interval=3", f"total_steps={1000 * STEPS_PER_UPDATE}"]
+    args = [*TINY_RL, "checkpoint_interval=3", f"total_steps={1000 * STEPS_PER_UPDATE}"]
     command = [sys.executable, str(ROOT / "train_rl.py"), *args, f"hydra.run.dir={run_dir}"]
     process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     metrics = run_dir / "metrics.jsonl"
@@ -100,14 +87,14 @@ def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
 
 
 def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
-    result = run([*TINY, "resume=true"], tmp_path / "empty")
+    result = run([*TINY_RL, "resume=true"], tmp_path / "empty")
     assert result.returncode == 2
     assert "checkpoint" in result.stderr and "empty" in result.stderr
 
 
 def test_eval_reports_success_and_records_an_episode(tmp_path):
     run_dir = tmp_path / "run"
-    result = run([*TINY, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
+    result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
     assert result.returncode == 0, result.stderr
     trace, gif = tmp_path / "episode.txt", tmp_path / "episode.gif"
     for record in (trace, gif):
@@ -128,7 +115,7 @@ def test_torchrun_keeps_parameters_identical_across_two_processes(tmp_path):
     run_dir = tmp_path / "run"
     launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2")
     result = run(
-        [*TINY, f"total_steps={6 * 2 * STEPS_PER_UPDATE}", "checkpoint_interval=2"],
+        [*TINY_RL, f"total_steps={6 * 2 * STEPS_PER_UPDATE}", "checkpoint_interval=2"],
         run_dir,
         launcher=launcher,
     )
