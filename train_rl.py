@@ -25,7 +25,13 @@ from torch.nn.parallel import DistributedDataParallel
 
 import envs
 from agents import ActorCritic, LSTMCore
-from agents.learners import LossTerms, actor_critic_loss, generalized_advantages, ppo_loss
+from agents.learners import (
+    LossTerms,
+    actor_critic_loss,
+    generalized_advantages,
+    normalised,
+    ppo_loss,
+)
 from memory import KINDS, MemoryConfig, MemoryTransformer
 from training import (
     ConfigError,
@@ -72,6 +78,13 @@ def check_config(cfg: DictConfig) -> None:
     for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
         check_positive_int(key, cfg[key])
     check_positive("agent.lr", cfg.agent.lr)
+    for key in ("epochs", "minibatches"):
+        check_positive_int(f"agent.{key}", cfg.agent[key])
+    if cfg.agent.minibatches > cfg.num_envs:
+        raise ConfigError(
+            f"agent.minibatches={cfg.agent.minibatches} is more than num_envs={cfg.num_envs}: a "
+            "minibatch holds whole environment sequences, so use at most one per environment"
+        )
     check_wandb_config(cfg.wandb)
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
@@ -245,6 +258,8 @@ def train(cfg: DictConfig) -> None:
         "policy_loss": 0.0,
         "value_loss": 0.0,
         "entropy": 0.0,
+        "approx_kl": 0.0,  # PPO: mean KL over the last epoch's minibatches (0 for A2C)
+        "epochs": 0.0,  # epochs run per unroll (fewer than agent.epochs: stopped by target_kl)
     }
     interval_start, updates_in_interval = time.perf_counter(), 0
 
@@ -273,7 +288,11 @@ def train(cfg: DictConfig) -> None:
         advantages, returns = generalized_advantages(
             rewards, values, dones, bootstrap_value, cfg.agent.gamma, cfg.agent.gae_lambda
         )
+        if cfg.agent.name == "ppo":
+            advantages = normalised(advantages)
+        epochs_run = 0
         for _ in range(cfg.agent.epochs):
+            epochs_run, epoch_kl = epochs_run + 1, 0.0
             for index in minibatches(B, cfg.agent.minibatches):
                 start = unroll_state if index is ALL else unroll_state.select(index)
                 logits, new_values, out = learner(obs_buf[index], start, starts[index])
@@ -292,6 +311,13 @@ def train(cfg: DictConfig) -> None:
                 if cfg.agent.max_grad_norm:
                     torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.agent.max_grad_norm)
                 optimizer.step()
+                if terms.approx_kl is not None:
+                    epoch_kl += terms.approx_kl.item() / cfg.agent.minibatches
+            # PPO: stop this unroll's epochs once the policy is target_kl away from the one
+            # that acted (decided on the mean over ranks, so that all ranks stop together).
+            target_kl = cfg.agent.get("target_kl")
+            if target_kl and all_reduce_mean({"kl": epoch_kl}, dist)["kl"] > target_kl:
+                break
 
         for key, value in (
             ("memory_size", memory_size / T),
@@ -299,6 +325,8 @@ def train(cfg: DictConfig) -> None:
             ("policy_loss", terms.policy.item()),
             ("value_loss", terms.value.item()),
             ("entropy", terms.entropy.item()),
+            ("approx_kl", epoch_kl),
+            ("epochs", epochs_run),
         ):
             interval[key] += value
         updates_in_interval += 1

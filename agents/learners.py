@@ -47,6 +47,7 @@ class LossTerms:
     policy: torch.Tensor
     value: torch.Tensor
     entropy: torch.Tensor
+    approx_kl: torch.Tensor | None = None  # PPO: KL(behaviour || current policy), no gradient
 
     def total(self, value_coef: float, entropy_coef: float) -> torch.Tensor:
         return self.policy + value_coef * self.value - entropy_coef * self.entropy
@@ -68,6 +69,13 @@ def actor_critic_loss(
     )
 
 
+def normalised(advantages: torch.Tensor) -> torch.Tensor:
+    """Advantages with zero mean and unit standard deviation, taken over the whole unroll
+    before it is split into minibatches: a minibatch holds only a few long episodes, and
+    its own statistics would swing with how many of them happen to end in it."""
+    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+
+
 def ppo_loss(
     logits: torch.Tensor,
     values: torch.Tensor,
@@ -77,13 +85,15 @@ def ppo_loss(
     returns: torch.Tensor,
     clip: float,
 ) -> LossTerms:
-    """PPO's clipped surrogate (Schulman et al. 2017) with normalised advantages."""
+    """PPO's clipped surrogate (Schulman et al. 2017); train_rl.py passes advantages
+    ``normalised`` over the unroll."""
     taken, entropy = _log_prob_and_entropy(logits, actions)
-    ratio = (taken - old_log_probs).exp()
-    advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    log_ratio = taken - old_log_probs
+    ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
     return LossTerms(
         policy=-surrogate.mean(),
         value=0.5 * (returns - values).pow(2).mean(),
         entropy=entropy.mean(),
+        approx_kl=((ratio - 1) - log_ratio).mean().detach(),  # the k3 estimator: unbiased, >= 0
     )

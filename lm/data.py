@@ -244,7 +244,7 @@ def load_text(
 ) -> TaskData:
     """Any file as a byte stream: the first part trains, then come valid and test (bits/byte)."""
     if not path:
-        raise TaskDataError("the text task needs a file: set path=/path/to/your/file")
+        raise TaskDataError("the text task needs a file: set task.path=/path/to/your/file")
     path = Path(path).expanduser().resolve()
     if not path.is_file():
         where = "is a directory" if path.is_dir() else "does not exist"

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from agents import ActorCritic, LSTMCore
-from agents.learners import actor_critic_loss, generalized_advantages, ppo_loss
+from agents.learners import actor_critic_loss, generalized_advantages, normalised, ppo_loss
 from memory import KINDS, MemoryConfig, MemoryTransformer
 
 OBS_SHAPE = (3, 3, 7)
@@ -59,20 +59,29 @@ def test_advantages_with_lambda_zero_are_one_step_td_errors():
     torch.testing.assert_close(advantages, torch.tensor([expected]))
 
 
-def test_ppo_loss_equals_actor_critic_loss_at_ratio_one_with_normalised_advantages():
+def test_ppo_loss_equals_actor_critic_loss_at_ratio_one():
+    """Unclipped (ratio 1), PPO's surrogate has the policy gradient of advantage actor-critic."""
     torch.manual_seed(0)
-    logits = torch.randn(2, 5, 4)
+    logits = torch.randn(2, 5, 4, requires_grad=True)
     actions = torch.randint(0, 4, (2, 5))
     values, returns, advantages = torch.randn(3, 2, 5)
-    old = torch.log_softmax(logits, -1).gather(-1, actions[..., None]).squeeze(-1)
+    old = torch.log_softmax(logits, -1).gather(-1, actions[..., None]).squeeze(-1).detach()
     ppo = ppo_loss(logits, values, actions, old, advantages, returns, clip=0.2)
-    normalised = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
-    # At ratio 1 the clipped surrogate is the mean advantage (zero after normalisation).
-    assert ppo.policy.item() == pytest.approx(-normalised.mean().item(), abs=1e-6)
-    a2c = actor_critic_loss(logits, values, actions, normalised, returns)
+    a2c = actor_critic_loss(logits, values, actions, advantages, returns)
+    (ppo_grad,) = torch.autograd.grad(ppo.policy, logits)
+    (a2c_grad,) = torch.autograd.grad(a2c.policy, logits)
+    torch.testing.assert_close(ppo_grad, a2c_grad)
     assert ppo.value.item() == pytest.approx(a2c.value.item())
     assert ppo.entropy.item() == pytest.approx(a2c.entropy.item())
     assert a2c.entropy.item() <= np.log(4) + 1e-6
+
+
+def test_advantages_are_normalised_over_the_whole_unroll():
+    """One mean and scale for the unroll, not one per environment or minibatch."""
+    advantages = torch.tensor([[0.0, 0.0, 0.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
+    flat = advantages.flatten()
+    expected = (advantages - flat.mean()) / flat.std()
+    torch.testing.assert_close(normalised(advantages), expected)
 
 
 def test_ppo_clips_the_ratio():
@@ -90,10 +99,9 @@ def test_ppo_clips_the_ratio():
         torch.zeros(1, 2),
         clip=0.2,
     )
-    normalised = torch.tensor([1.0, -1.0]) / torch.tensor([1.0, -1.0]).std()
     # Step 0: ratio 2 clipped to 1.2 for a positive advantage; step 1: ratio 1.
-    expected = -(1.2 * normalised[0] + 1.0 * normalised[1]) / 2
-    assert loss.policy.item() == pytest.approx(expected.item(), abs=1e-6)
+    expected = -(1.2 * 1.0 + 1.0 * -1.0) / 2
+    assert loss.policy.item() == pytest.approx(expected, abs=1e-6)
 
 
 @pytest.mark.parametrize("kind", [*KINDS, "lstm"])

@@ -4,6 +4,7 @@ corridors of length 3..5 and a 16-unit core, so a subprocess run takes seconds."
 TINY_RL = [
     "env.max_length=5",
     "num_envs=4",
+    "agent.minibatches=2",
     "unroll_len=10",
     "memory.dim=16",
     "memory.num_heads=2",
