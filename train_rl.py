@@ -32,10 +32,13 @@ from agents.learners import (
     normalised,
     ppo_loss,
 )
+from agents.probes import SpanProbe, success_by_length
 from memory import KINDS, MemoryConfig, MemoryTransformer
 from training import (
+    BEST_CHECKPOINT_FILE,
     ConfigError,
     MetricsLogger,
+    SpanStats,
     all_gather_object,
     all_reduce_mean,
     check_choice,
@@ -67,6 +70,7 @@ OUTCOMES = {  # what each env reports at the end of an episode, besides return a
     "minigrid_memory": ("success",),
 }
 ENV_META_KEYS = ("name", "id")
+TASK_METRIC = {"corridor": "success", "portal": "rooms_reached", "minigrid_memory": "success"}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -160,8 +164,8 @@ class EpisodeStats:
     episode that ends (`success`, and `rooms_reached` for Portal), which environments that
     autoreset in the same step report in `info["final_info"]`."""
 
-    def __init__(self, num_envs: int, env_name: str) -> None:
-        self.outcomes = OUTCOMES[env_name]
+    def __init__(self, num_envs: int, env_name: str, extra: tuple[str, ...] = ()) -> None:
+        self.outcomes = OUTCOMES[env_name] + extra  # extra: more keys of the env's final info
         self.running_return = np.zeros(num_envs)
         self.running_length = np.zeros(num_envs, dtype=np.int64)
         self.finished: dict[str, list[float]] = {}
@@ -223,12 +227,12 @@ def train(cfg: DictConfig) -> None:
     )
     optimizer = make_optimizer(cfg.agent, agent.parameters())
 
-    first_update = 0
+    first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
     if checkpoint is not None:
         agent.load_state_dict(checkpoint["agent"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         restore_rng_state(checkpoint["rng"][dist.rank])
-        first_update = checkpoint["update"]
+        first_update, best = checkpoint["update"], checkpoint.get("best")
     if dist.is_main:
         save_resolved_config(run_dir, cfg)
     logger = MetricsLogger(
@@ -252,6 +256,7 @@ def train(cfg: DictConfig) -> None:
     episode_start = torch.ones(B, dtype=torch.bool, device=device)
     state = agent.initial_state(B, device)
     stats = EpisodeStats(B, cfg.env.name)
+    span_stats = SpanStats()
     interval = {
         "memory_size": 0.0,
         "aux_loss": 0.0,
@@ -274,6 +279,7 @@ def train(cfg: DictConfig) -> None:
             action, log_probs[:, t], values[:, t], out = agent.act(obs, state, episode_start)
             state, actions[:, t] = out.state, action
             memory_size += out.memory_size
+            span_stats.add(out.spans)
             next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
             done = terminated | truncated
             stats.record(reward, done, info)
@@ -288,7 +294,7 @@ def train(cfg: DictConfig) -> None:
         advantages, returns = generalized_advantages(
             rewards, values, dones, bootstrap_value, cfg.agent.gamma, cfg.agent.gae_lambda
         )
-        if cfg.agent.name == "ppo":
+        if cfg.agent.name == "ppo" and cfg.agent.normalize_advantages:
             advantages = normalised(advantages)
         epochs_run = 0
         for _ in range(cfg.agent.epochs):
@@ -337,10 +343,20 @@ def train(cfg: DictConfig) -> None:
             elapsed = time.perf_counter() - interval_start
             metrics = {key: value / updates_in_interval for key, value in interval.items()}
             metrics.update(stats.summary())
+            metrics.update(span_stats.summary())
             metrics.update(update=update + 1, sps=updates_in_interval * steps_per_update / elapsed)
             metrics = all_reduce_mean(metrics, dist)  # a collective: every rank logs here
             logger.log(metrics, step=step)
             set_metrics(progress, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
+            # Keep the model of the best interval so far beside the last one (the same on
+            # every rank: the metrics are averaged over ranks).
+            value = metrics[TASK_METRIC[cfg.env.name]]
+            if not math.isnan(value) and (best is None or value > best["value"]):
+                best = {"metric": TASK_METRIC[cfg.env.name], "value": value, "step": step}
+                if dist.is_main:
+                    model = {"agent": agent.state_dict(), "step": step, "best": best}
+                    model["config"] = OmegaConf.to_container(cfg, resolve=True)
+                    save_checkpoint(run_dir, model, filename=BEST_CHECKPOINT_FILE)
             interval = dict.fromkeys(interval, 0.0)
             interval_start, updates_in_interval = time.perf_counter(), 0
         if (update + 1) % cfg.checkpoint_interval == 0 or update + 1 == num_updates:
@@ -357,6 +373,7 @@ def train(cfg: DictConfig) -> None:
                         "step": step,
                         "rng": rng_states,
                         "parameter_digests": digests,
+                        "best": best,
                         "config": OmegaConf.to_container(cfg, resolve=True),
                     },
                 )
@@ -379,23 +396,48 @@ def evaluate(cfg: DictConfig) -> None:
     agent.load_state_dict(checkpoint["agent"])
     agent.eval()
 
+    corridor = trained.env.name == "corridor"
+    probe = None
+    if isinstance(agent.core, MemoryTransformer):
+        probe = SpanProbe(agent.core, age_bin=math.ceil(agent.core.cfg.max_span / 10))
+    vocab = make_single_env(trained.env).get_wrapper_attr("vocab")
+    probe_word = vocab.index(cfg.eval.probe_word) if cfg.eval.probe_word in vocab else None
+
     obs, _ = vec_env.reset(seed=cfg.seed)
     obs = torch.as_tensor(obs)
     episode_start = torch.ones(cfg.eval.num_envs, dtype=torch.bool)
     state = agent.initial_state(cfg.eval.num_envs)
-    stats = EpisodeStats(cfg.eval.num_envs, trained.env.name)
+    stats = EpisodeStats(cfg.eval.num_envs, trained.env.name, ("corridor_length",) * corridor)
     memory_sizes = []
     while stats.episodes < cfg.eval.episodes:
         action, _, _, out = agent.act(obs, state, episode_start, greedy=cfg.eval.greedy)
         state = out.state
         memory_sizes.append(out.memory_size)
+        if probe is not None:  # the memories written at this step saw `obs`
+            in_view = None if probe_word is None else obs.flatten(1, -2)[..., probe_word].any(1)
+            probe.observe(out, in_view)
         next_obs, reward, terminated, truncated, info = vec_env.step(action.numpy())
         done = terminated | truncated
         stats.record(reward, done, info)
         obs, episode_start = torch.as_tensor(next_obs), torch.as_tensor(done)
     vec_env.close()
+    by_length = None
+    if corridor:
+        env = trained.env
+        by_length = success_by_length(
+            stats.finished["corridor_length"],
+            stats.finished["success"],
+            env.min_length,
+            env.max_length,
+            cfg.eval.length_bins,
+        )
     result = stats.summary()
     result.update(memory_size=float(np.mean(memory_sizes)), checkpoint=str(cfg.checkpoint))
+    if by_length is not None:
+        result["success_by_length"] = by_length
+    if probe is not None:
+        result["spans"] = probe.summary()
+        result["spans"]["marked_by"] = cfg.eval.probe_word if probe_word is not None else None
     if cfg.eval.record:
         result["record"] = record_episode(agent, trained.env, Path(cfg.eval.record), cfg)
     print(json.dumps(result))

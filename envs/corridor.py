@@ -48,7 +48,10 @@ class CorridorCore(MazeBaseCore):
         self._columns = np.arange(self.cells.shape[-1])
 
     def episode_info(self, env_ids: np.ndarray) -> dict[str, np.ndarray]:
-        return {"success": self.cell_kinds.is_good_door[self.flat_cells[self.position[env_ids]]]}
+        return {
+            "success": self.cell_kinds.is_good_door[self.flat_cells[self.position[env_ids]]],
+            "corridor_length": self.length[env_ids].copy(),
+        }
 
     def _build(self, env_ids: np.ndarray, draws: np.ndarray) -> None:
         kinds = self.cell_kinds
@@ -97,7 +100,7 @@ class CorridorEnv(MazeBaseEnv):
       what an agent walking straight east needs for the longest corridor (length steps);
       `max_steps` below `max_length` is refused since the longest corridors could not be won.
     - `info["success"]` (bool), at the last step of every episode: the agent went through the
-      door of the cue's colour (False when truncated).
+      door of the cue's colour (False when truncated), and `info["corridor_length"]`.
 
     `min_length` may go down to 2 (a start cell and a door cell); the paper uses 3..200.
     Observation words: agent, block, cue, door and the palette's colours (`vocab`).

@@ -70,11 +70,13 @@ class Read(NamedTuple):
     compressed: SlotStore | None = None  # compressive: compressed memories after the call
 
 
-def ramp_mask(start: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
-    """clamp(start_i - offset_t / R, 0, 1) for every query offset: (..., Q, N) from (..., N)."""
+def ramp_mask(
+    start: Tensor, offsets: Tensor | None, ramp: float, top: float | None = 1.0
+) -> Tensor:
+    """clamp(start_i - offset_t / R, 0, top) for every query offset: (..., Q, N) from (..., N)."""
     if offsets is None:
-        return start[..., None, :].clamp(0, 1)
-    return (start[..., None, :] - (offsets / ramp)[:, None]).clamp(0, 1)
+        return start[..., None, :].clamp(0, top)
+    return (start[..., None, :] - (offsets / ramp)[:, None]).clamp(0, top)
 
 
 class MemoryKind(nn.Module):

@@ -40,6 +40,7 @@ class CoreOutput:
     state: MemoryState  # the memory after this call, detached
     aux_loss: Tensor  # scalar: the memory kind's auxiliary loss for this call (0 if none)
     memory_size: float  # average |C_t|: memories with m_ti > 0 per query, over queries and layers
+    spans: tuple[Tensor, ...] | None = None  # per layer, e_i of the call's new memories (B, K)
 
 
 class MemoryLayer(nn.Module):
@@ -58,14 +59,16 @@ class MemoryLayer(nn.Module):
 
     def forward(
         self, h: Tensor, memory: SlotStore, compressed: SlotStore | None, call: Call
-    ) -> tuple[Tensor, Read]:
+    ) -> tuple[Tensor, Read, Tensor | None]:
+        """The layer's output, what its memory gave the attention, and the spans of the new
+        memories (None for kinds without a span per memory)."""
         x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
         q, k, v = self.attention.project(x)
         new = Slots(x, k, v, call.positions, self.memory.span(x))
         read = self.memory.read(self.attention, memory, compressed, new, call)
         h = h + self.residual(self.attention(q, read.segments, read.width, read.window))
         h = h + self.residual(self.ffn(self.ffn_norm(h)))
-        return h, read
+        return h, read, new.span
 
     def residual(self, branch: Tensor) -> Tensor:
         if self.dropout == 0:
@@ -149,10 +152,11 @@ class MemoryTransformer(nn.Module):
         call = self._call(state, batch, length, episode_start, in_place, x.dtype)
         compressed = state.compressed or (None,) * len(self.layers)
         h = x
-        reads = []
+        reads, spans = [], []
         for layer, memory, older in zip(self.layers, state.layers, compressed, strict=True):
-            h, read = layer(h, memory, older, call)
+            h, read, span = layer(h, memory, older, call)
             reads.append(read)
+            spans.append(span)
         count = sum(r.count for r in reads)
         pairs = batch * length * len(self.layers)
         memory_size = (float(count) - pairs) / pairs  # a query seeing itself is no memory
@@ -163,7 +167,8 @@ class MemoryTransformer(nn.Module):
             compressed=tuple(r.compressed for r in reads) if state.compressed else None,
         )
         aux_loss = sum(r.aux_loss for r in reads)
-        return CoreOutput(self.final_norm(h), new_state, aux_loss, memory_size)
+        spans = None if spans[0] is None else tuple(span.detach() for span in spans)
+        return CoreOutput(self.final_norm(h), new_state, aux_loss, memory_size, spans)
 
     def _call(
         self,

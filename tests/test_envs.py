@@ -104,7 +104,8 @@ def test_corridor_doors_pay_for_the_cue_colour(take_matching_door):
         action = matching if take_matching_door else UP + DOWN - matching
         obs, reward, terminated, truncated, info = env.step(action)
         assert reward == float(take_matching_door) and terminated and not truncated
-        assert info == {"success": take_matching_door}
+        length = int(env.unwrapped.core.length[0])
+        assert info == {"success": take_matching_door, "corridor_length": length}
         door_color = (north if action == UP else south) - {"door"}
         assert words(env, obs[1, 1]) == {"agent", "door", *door_color}
 
@@ -142,7 +143,7 @@ def test_corridor_step_limit_truncates():
     env.reset(seed=0)
     for _ in range(5):
         assert env.step(LEFT)[1:] == (0.0, False, False, {})
-    assert env.step(LEFT)[1:] == (0.0, False, True, {"success": False})
+    assert env.step(LEFT)[1:] == (0.0, False, True, {"success": False, "corridor_length": 5})
 
 
 # --- Portal ----------------------------------------------------------------------------------
@@ -295,8 +296,10 @@ def test_vector_infos_follow_gymnasium_convention():
     native.step(np.full(4, RIGHT))
     _, reward, terminated, _, info = native.step(np.array([UP, DOWN, LEFT, LEFT]))
     assert terminated.tolist() == [True, True, False, False]
-    assert set(info) == {"success", "_success"} and info["success"].dtype == bool
+    assert set(info) == {"success", "_success", "corridor_length", "_corridor_length"}
+    assert info["success"].dtype == bool
     assert info["_success"].tolist() == [True, True, False, False]
+    assert info["corridor_length"][:2].tolist() == [2, 2]
     np.testing.assert_array_equal(info["success"], reward == 1.0)
     _, reward, terminated, _, info = native.step(np.full(4, UP))  # NEXT_STEP: 0 and 1 restart
     assert reward.tolist() == [0.0] * 4 and not terminated.any() and info == {}
@@ -446,6 +449,8 @@ def test_minigrid_wrapper_passes_check_env(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warnings.filterwarnings("ignore", message=".*different from the unwrapped version")
+        # pygame's note that the machine lacks MiniGrid's font (it falls back to its own)
+        warnings.filterwarnings("ignore", message="The system font .* couldn't be found")
         check_env(env)
     assert env.observation_space == gym.spaces.Box(0, 1, (5, 5, 15), np.uint8)
     assert env.action_space == gym.spaces.Discrete(4)

@@ -345,7 +345,10 @@ def test_torchrun_splits_the_rows_and_matches_one_process(tmp_path, cache_dir):
     two, one = metrics(tmp_path / "two"), metrics(tmp_path / "one")
     assert [r["step"] for r in two] == [r["step"] for r in one] == list(range(1, 7))
     for key in ("train_loss", "grad_norm", "valid_loss", "valid_accuracy", "memory_size"):
-        assert [r.get(key) for r in two] == pytest.approx([r.get(key) for r in one], rel=1e-4)
+        two_logged = [r for r in two if key in r]  # validation is logged on some steps only
+        one_logged = [r for r in one if key in r]
+        assert [r["step"] for r in two_logged] == [r["step"] for r in one_logged]
+        assert [r[key] for r in two_logged] == pytest.approx([r[key] for r in one_logged], rel=1e-4)
 
 
 # ------------------------------------------------------------------ span visualisation

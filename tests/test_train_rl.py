@@ -125,6 +125,51 @@ def test_eval_reports_success_and_records_an_episode(tmp_path):
     assert gif.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
 
 
+def test_best_checkpoint_and_eval_probes(tmp_path):
+    """The run keeps the model of its best logged success in best.pt; evaluating it reports
+    success per corridor-length bin and the spans of the memories written at the cue."""
+    run_dir = tmp_path / "run"
+    result = run([*TINY_RL, "env.max_length=9", f"total_steps={6 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    for layer in (0, 1):
+        assert 0 <= lines[-1][f"span/l{layer}_mean"] <= lines[-1][f"span/l{layer}_max"] <= 16
+        assert 0 <= lines[-1][f"span/l{layer}_near_zero"] <= 1
+    logged = [line for line in lines if line["success"] is not None]  # null: no episode ended
+    first_best = max(logged, key=lambda line: line["success"])  # max keeps the first of ties
+    best = torch.load(run_dir / "best.pt", weights_only=True)
+    assert best["best"] == {
+        "metric": "success",
+        "value": first_best["success"],
+        "step": first_best["step"],
+    }
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["best"] == best["best"]
+
+    args = [
+        "mode=eval",
+        f"checkpoint={run_dir / 'best.pt'}",
+        "eval.episodes=40",
+        "eval.length_bins=3",
+    ]
+    result = run(args, tmp_path / "eval")
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    bins = outcome["success_by_length"]
+    assert [row["lengths"] for row in bins] == ["3-4", "5-7", "8-9"]
+    assert sum(row["episodes"] for row in bins) == outcome["episodes"]
+    rated = [row for row in bins if row["episodes"]]
+    mean = sum(row["success"] * row["episodes"] for row in rated) / outcome["episodes"]
+    assert mean == pytest.approx(outcome["success"])
+    spans = outcome["spans"]
+    assert spans["marked_by"] == "cue" and len(spans["layers"]) == 2
+    for layer in spans["layers"]:
+        marked = layer["marked_spans"]  # the cue is in view for the first two steps
+        assert marked["count"] >= 2 * outcome["episodes"]
+        assert 0 <= marked["min"] <= marked["mean"] <= marked["max"] <= 16
+        ages = layer["by_age"]
+        assert ages[0]["age"] == "1-1" and all(row["memories_per_query"] > 0 for row in ages)
+
+
 def test_torchrun_keeps_parameters_identical_across_two_processes(tmp_path):
     run_dir = tmp_path / "run"
     launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2")

@@ -24,6 +24,7 @@ from training import (
     ConfigError,
     DistInfo,
     MetricsLogger,
+    SpanStats,
     all_reduce_mean,
     atomic_open,
     check_choice,
@@ -457,3 +458,20 @@ def test_progress_bar_disabled_on_other_ranks():
     set_metrics(bar, {"return": 1.0})
     bar.close()
     assert log.getvalue() == ""
+
+
+def test_span_stats_summarise_each_layer_over_the_interval():
+    stats = SpanStats()
+    assert stats.summary() == {}  # a core without spans adds nothing
+    stats.add(None)
+    stats.add((torch.tensor([[0.5], [4.0]]), torch.tensor([[2.0], [0.0]])))
+    stats.add((torch.tensor([[9.5], [2.0]]), torch.tensor([[1.0], [3.0]])))
+    assert stats.summary() == {
+        "span/l0_mean": 4.0,
+        "span/l0_max": 9.5,
+        "span/l0_near_zero": 0.25,  # e < 1: 0.5
+        "span/l1_mean": 1.5,
+        "span/l1_max": 3.0,
+        "span/l1_near_zero": 0.25,  # 0.0 (1.0 is not below 1)
+    }
+    assert stats.summary() == {}  # forgotten after a summary

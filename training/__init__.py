@@ -26,6 +26,7 @@ A loop uses them in this order:
 """
 
 from training.checkpoint import (
+    BEST_CHECKPOINT_FILE,
     CHECKPOINT_FILE,
     load_checkpoint,
     resume_checkpoint,
@@ -53,6 +54,7 @@ from training.files import atomic_open
 from training.metrics import (
     METRICS_FILE,
     MetricsLogger,
+    SpanStats,
     check_wandb_config,
     read_metrics,
     truncate_metrics,
@@ -62,12 +64,14 @@ from training.run_dir import CONFIG_FILE, get_run_dir, load_run_config, save_res
 from training.seeding import rank_seed, restore_rng_state, rng_state, seed_everything
 
 __all__ = [
+    "BEST_CHECKPOINT_FILE",
     "CHECKPOINT_FILE",
     "CONFIG_FILE",
     "METRICS_FILE",
     "ConfigError",
     "DistInfo",
     "MetricsLogger",
+    "SpanStats",
     "all_gather_object",
     "all_reduce_mean",
     "atomic_open",

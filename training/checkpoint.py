@@ -26,6 +26,7 @@ from training.config import ConfigError
 from training.files import atomic_open
 
 CHECKPOINT_FILE = "checkpoint.pt"
+BEST_CHECKPOINT_FILE = "best.pt"  # the model at the best logged task metric (for evaluation)
 _SNAPSHOT = re.compile(r"checkpoint_(\d+)\.pt")
 # What torch.load(weights_only=True) reads back; exact types, so e.g. numpy.float64 (a float
 # subclass that pickles as a NumPy object) is caught.
@@ -36,9 +37,14 @@ _SEQUENCE_TYPES = (list, tuple, set)
 
 
 def save_checkpoint(
-    run_dir: str | os.PathLike, state: Mapping[str, Any], *, keep_last: int = 0
+    run_dir: str | os.PathLike,
+    state: Mapping[str, Any],
+    *,
+    keep_last: int = 0,
+    filename: str = CHECKPOINT_FILE,
 ) -> Path:
-    """Atomically write `state` (which holds the integer "step") to RUN_DIR/checkpoint.pt.
+    """Atomically write `state` (which holds the integer "step") to RUN_DIR/checkpoint.pt, or
+    RUN_DIR/`filename` (e.g. BEST_CHECKPOINT_FILE).
 
     Call it on the main rank only (DDP keeps the model identical on every rank). Returns
     the checkpoint's path.
@@ -51,7 +57,7 @@ def save_checkpoint(
     state = dict(state)
     _check_loadable(state, "state")
     run_dir = Path(run_dir)
-    path = run_dir / CHECKPOINT_FILE
+    path = run_dir / filename
     with atomic_open(path, "wb") as file:
         torch.save(state, file)
     if keep_last:

@@ -17,10 +17,11 @@ import logging
 import math
 import os
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from training.config import ConfigError, check_choice
@@ -79,6 +80,46 @@ def truncate_metrics(path: str | os.PathLike, step: int) -> None:
     kept = [record for record in read_metrics(path) if record["step"] <= step]
     with atomic_open(path, "w") as file:
         file.writelines(json.dumps(record, allow_nan=False) + "\n" for record in kept)
+
+
+class SpanStats:
+    """Per-layer statistics of the expire-spans e_i given to new memories over a logging
+    interval: mean, max and the fraction near 0 (e_i < 1 step: the memory lives only for its
+    ramp of R steps). Collapsing spans show here before the task metric falls."""
+
+    NEAR_ZERO = 1.0
+
+    def __init__(self) -> None:
+        self._count = 0
+        self._sum = self._near_zero = self._max = torch.zeros(0)
+
+    def add(self, spans: Sequence[torch.Tensor] | None) -> None:
+        """Adds one call's spans, ``CoreOutput.spans`` (None for kinds without spans)."""
+        if spans is None:
+            return
+        span = torch.stack([s.reshape(-1) for s in spans]).double()  # (layers, memories)
+        near_zero = (span < self.NEAR_ZERO).sum(1)
+        if self._count == 0:
+            self._sum, self._near_zero, self._max = span.sum(1), near_zero, span.amax(1)
+        else:
+            self._sum = self._sum + span.sum(1)
+            self._near_zero = self._near_zero + near_zero
+            self._max = self._max.maximum(span.amax(1))
+        self._count += span.shape[1]
+
+    def summary(self) -> dict[str, float]:
+        """``span/l{layer}_mean``, ``_max`` and ``_near_zero`` since the last summary (empty
+        when no spans were added), then forget them."""
+        metrics = {}
+        if self._count:
+            columns = (self._sum.tolist(), self._near_zero.tolist(), self._max.tolist())
+            rows = zip(*columns, strict=True)
+            for layer, (total, near_zero, largest) in enumerate(rows):
+                metrics[f"span/l{layer}_mean"] = total / self._count
+                metrics[f"span/l{layer}_max"] = largest
+                metrics[f"span/l{layer}_near_zero"] = near_zero / self._count
+        self._count = 0
+        return metrics
 
 
 class MetricsLogger:

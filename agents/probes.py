@@ -1,0 +1,99 @@
+"""Probes of what an agent's memory holds on to, reported by `train_rl.py mode=eval`.
+
+- Success by corridor length: where in the length range the agent fails (the Corridor
+  reports each episode's `corridor_length`).
+- Spans of marked memories: the expire-span e_i each layer gives the memories written while
+  a word is in view (the Corridor's `cue`: the memories the task needs), beside the spans of
+  all other memories.
+- Spans by age: per layer and age bin (age = t - i), how many memories a query sees and
+  their mean span: what the memory keeps, and for how long. For any env and memory kind.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from memory import CoreOutput, MemoryTransformer
+
+
+def success_by_length(
+    lengths: list[float], successes: list[float], low: int, high: int, bins: int
+) -> list[dict[str, float]]:
+    """Success rate of the episodes in each of ``bins`` equal bins of [low, high]."""
+    lengths, successes = np.asarray(lengths), np.asarray(successes)
+    edges = np.linspace(low, high + 1, bins + 1).round().astype(int)
+    rows = []
+    for start, stop in zip(edges[:-1], edges[1:], strict=True):
+        chosen = (lengths >= start) & (lengths < stop)
+        success = float(successes[chosen].mean()) if chosen.any() else None
+        rows.append(
+            {"lengths": f"{start}-{stop - 1}", "episodes": int(chosen.sum()), "success": success}
+        )
+    return rows
+
+
+class SpanProbe:
+    """Collects, step by step, the spans a `MemoryTransformer` gives its memories."""
+
+    def __init__(self, core: MemoryTransformer, age_bin: int) -> None:
+        self.core = core
+        self.age_bin = age_bin
+        num_layers, num_bins = len(core.layers), -(-core.cfg.max_span // age_bin) + 1
+        self.marked: list[list[float]] = [[] for _ in range(num_layers)]
+        self.unmarked = np.zeros((num_layers, 2))  # sum of spans, count
+        self.alive = np.zeros((num_layers, num_bins))  # memories seen, summed over queries
+        self.span_sum = np.zeros((num_layers, num_bins))
+        self.queries = 0
+
+    @torch.no_grad()
+    def observe(self, out: CoreOutput, marked: torch.Tensor | None) -> None:
+        """Records one step-mode call: ``out`` is the core's output, ``marked`` (B,) says which
+        environments had the probe word in view (their new memories are the marked ones)."""
+        state = out.state
+        query_time = state.time - 1
+        for layer_index, layer in enumerate(self.core.layers):
+            if out.spans is not None:
+                new = out.spans[layer_index][:, 0]
+                chosen = marked if marked is not None else torch.zeros_like(new, dtype=torch.bool)
+                self.marked[layer_index].extend(new[chosen].tolist())
+                self.unmarked[layer_index] += (float(new[~chosen].sum()), int((~chosen).sum()))
+            slots = state.layers[layer_index].view()
+            seen = layer.memory.alive(slots, query_time, state.episode_begin)
+            age = query_time - slots.position
+            seen &= age > 0  # the query itself is no memory
+            bins = (age[seen] // self.age_bin).clamp_max(self.alive.shape[1] - 1).numpy()
+            np.add.at(self.alive[layer_index], bins, 1)
+            if slots.span is not None:
+                np.add.at(self.span_sum[layer_index], bins, slots.span[seen].double().numpy())
+        self.queries += len(state.episode_begin)
+
+    def summary(self) -> dict:
+        """Per layer: spans of marked memories (mean, min, max, count) against the other
+        memories' mean span, and rows of (age range, memories seen per query, mean span)."""
+        layers = []
+        for index in range(len(self.core.layers)):
+            row: dict = {"layer": index}
+            marked = np.asarray(self.marked[index])
+            if marked.size:
+                row["marked_spans"] = {
+                    "mean": float(marked.mean()),
+                    "min": float(marked.min()),
+                    "max": float(marked.max()),
+                    "count": int(marked.size),
+                }
+            total, count = self.unmarked[index]
+            if count:
+                row["other_mean_span"] = float(total / count)
+            by_age = []
+            for b, seen in enumerate(self.alive[index]):
+                if not seen:
+                    continue
+                age = f"{b * self.age_bin + (b == 0)}-{(b + 1) * self.age_bin - 1}"
+                entry = {"age": age, "memories_per_query": float(seen / self.queries)}
+                if self.span_sum[index, b]:
+                    entry["mean_span"] = float(self.span_sum[index, b] / seen)
+                by_age.append(entry)
+            row["by_age"] = by_age
+            layers.append(row)
+        return {"layers": layers}
