@@ -26,9 +26,11 @@ from torch.nn.parallel import DistributedDataParallel
 import envs
 from agents import ActorCritic, LSTMCore
 from agents.learners import (
+    ADVANTAGE_SCALES,
     LossTerms,
     actor_critic_loss,
     generalized_advantages,
+    make_optimizer,
     normalised,
     ppo_loss,
 )
@@ -79,9 +81,15 @@ def check_config(cfg: DictConfig) -> None:
     check_choice("env", cfg.env.name, OUTCOMES)
     check_choice("agent", cfg.agent.name, LEARNERS)
     check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam"))
+    if cfg.agent.name == "ppo":
+        check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)
     for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
         check_positive_int(key, cfg[key])
+    keep = cfg.checkpoint_keep
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
+        raise ConfigError(f"checkpoint_keep must be an integer >= 0 (0: only the last), got {keep}")
     check_positive("agent.lr", cfg.agent.lr)
+    check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
     for key in ("epochs", "minibatches"):
         check_positive_int(f"agent.{key}", cfg.agent[key])
     if cfg.agent.minibatches > cfg.num_envs:
@@ -135,12 +143,6 @@ def make_single_env(env_cfg: DictConfig, render_mode: str | None = None) -> gym.
     if env_cfg.name == "minigrid_memory":
         return envs.make_minigrid_memory(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
     return gym.make(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
-
-
-def make_optimizer(agent_cfg: DictConfig, params) -> torch.optim.Optimizer:
-    if agent_cfg.optimizer == "rmsprop":
-        return torch.optim.RMSprop(params, lr=agent_cfg.lr, eps=1e-5)
-    return torch.optim.Adam(params, lr=agent_cfg.lr, eps=1e-5)
 
 
 ALL = slice(None)
@@ -225,7 +227,7 @@ def train(cfg: DictConfig) -> None:
     learner = (
         DistributedDataParallel(agent, broadcast_buffers=False) if dist.world_size > 1 else agent
     )
-    optimizer = make_optimizer(cfg.agent, agent.parameters())
+    optimizer = make_optimizer(agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale)
 
     first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
     if checkpoint is not None:
@@ -294,8 +296,8 @@ def train(cfg: DictConfig) -> None:
         advantages, returns = generalized_advantages(
             rewards, values, dones, bootstrap_value, cfg.agent.gamma, cfg.agent.gae_lambda
         )
-        if cfg.agent.name == "ppo" and cfg.agent.normalize_advantages:
-            advantages = normalised(advantages)
+        if cfg.agent.name == "ppo":
+            advantages = normalised(advantages, returns, cfg.agent.advantage_scale)
         epochs_run = 0
         for _ in range(cfg.agent.epochs):
             epochs_run, epoch_kl = epochs_run + 1, 0.0
@@ -366,7 +368,8 @@ def train(cfg: DictConfig) -> None:
             if dist.is_main:
                 save_checkpoint(
                     run_dir,
-                    {
+                    keep_last=cfg.checkpoint_keep,
+                    state={
                         "agent": agent.state_dict(),
                         "optimizer": optimizer.state_dict(),
                         "update": update + 1,

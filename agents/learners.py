@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from memory import span_parameters
+
 
 def generalized_advantages(
     rewards: torch.Tensor,
@@ -69,11 +71,27 @@ def actor_critic_loss(
     )
 
 
-def normalised(advantages: torch.Tensor) -> torch.Tensor:
-    """Advantages with zero mean and unit standard deviation, taken over the whole unroll
-    before it is split into minibatches: a minibatch holds only a few long episodes, and
-    its own statistics would swing with how many of them happen to end in it."""
-    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+ADVANTAGE_SCALES = ("std", "returns", "none")
+
+
+def normalised(advantages: torch.Tensor, returns: torch.Tensor, scale: str = "std") -> torch.Tensor:
+    """Advantages with zero mean, divided by a scale, both taken over the whole unroll before
+    it is split into minibatches (a minibatch holds only a few long episodes, and its own
+    statistics would swing with how many of them happen to end in it). ``scale``:
+
+    - "std": their standard deviation (unit-scale updates at every stage of learning);
+    - "returns": the root mean square of the value targets ``returns``, i.e. advantages in
+      units of the task's returns. Once a task is solved the advantages are value noise of
+      tiny spread, which "std" would blow up to the size of the updates that learned it,
+      while the returns keep their size;
+    - "none": centred only.
+    """
+    centred = advantages - advantages.mean()
+    if scale == "std":
+        return centred / advantages.std().clamp_min(1e-8)
+    if scale == "returns":
+        return centred / returns.square().mean().sqrt().clamp_min(1e-8)
+    return centred
 
 
 def ppo_loss(
@@ -97,3 +115,21 @@ def ppo_loss(
         entropy=entropy.mean(),
         approx_kl=((ratio - 1) - log_ratio).mean().detach(),  # the k3 estimator: unbiased, >= 0
     )
+
+
+def make_optimizer(
+    agent: torch.nn.Module, name: str, lr: float, span_lr_scale: float = 1.0
+) -> torch.optim.Optimizer:
+    """RMSProp or Adam ("rmsprop", "adam") over the agent's parameters; those that set memory
+    spans (``memory.span_parameters``) learn at ``lr * span_lr_scale``."""
+    groups = [{"params": list(agent.parameters())}]
+    spans = span_parameters(agent)
+    if spans and span_lr_scale != 1:
+        span_ids = {id(p) for p in spans}
+        groups = [
+            {"params": [p for p in agent.parameters() if id(p) not in span_ids]},
+            {"params": spans, "lr": lr * span_lr_scale},
+        ]
+    if name == "rmsprop":
+        return torch.optim.RMSprop(groups, lr=lr, eps=1e-5)
+    return torch.optim.Adam(groups, lr=lr, eps=1e-5)

@@ -57,6 +57,7 @@ BOOKKEEPING_KEYS = (
     "checkpoint",
     "log_interval",
     "checkpoint_interval",
+    "checkpoint_keep",
     "task.cache_dir",
     "task.data_dir",
 )

@@ -28,6 +28,7 @@ on the distance t - i and on episode boundaries, never on how the steps were gro
 """
 
 from memory.config import KINDS, MemoryConfig
+from memory.kind import span_parameters
 from memory.store import MemoryState, Slots, SlotStore
 from memory.transformer import CoreOutput, MemoryLayer, MemoryTransformer
 
@@ -40,4 +41,5 @@ __all__ = [
     "MemoryTransformer",
     "SlotStore",
     "Slots",
+    "span_parameters",
 ]

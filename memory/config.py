@@ -6,10 +6,6 @@ import math
 from dataclasses import dataclass
 
 KINDS = ("transformer_xl", "expire_span", "adaptive_span", "compressive")
-# Which queries pass the task's gradient to an expire-span e_i through the mask m_ti (eq. 5):
-# "ramp": those with 0 < m_ti < 1, the clamp's own gradient (the paper); "visible": every
-# query that sees memory i (m_ti > 0), as if the ramp continued above 1.
-SPAN_GRADIENTS = ("ramp", "visible")
 
 
 @dataclass
@@ -35,7 +31,6 @@ class MemoryConfig:
     init_span_fraction: float = 0.1
     scaled_span: bool = False  # expire_span: eq. 8, e = L sigmoid((w.h + b) / R), for very large L
     memory_shortening: bool = False  # expire_span: random memory shortening in training (4.2)
-    span_gradient: str = "ramp"  # expire_span: one of SPAN_GRADIENTS
     compress_rate: int = 4  # c: compressive memories pool groups of c evicted memories
     compressed_span: int | None = None  # compressive: compressed memories kept (None: max_span)
 
@@ -51,11 +46,6 @@ class MemoryConfig:
             raise ValueError(
                 f"memory.dim ({self.dim}) must be divisible by memory.num_heads "
                 f"({self.num_heads}); e.g. dim={suggestion}"
-            )
-        if self.span_gradient not in SPAN_GRADIENTS:
-            raise ValueError(
-                f"memory.span_gradient {self.span_gradient!r} is unknown; choose one of "
-                f"{list(SPAN_GRADIENTS)}"
             )
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"memory.dropout must be in [0, 1), got {self.dropout}")

@@ -45,26 +45,12 @@ class SpanPredictor(nn.Module):
         return self.max_span * torch.sigmoid(logit)
 
 
-def expire_mask(
-    relative: Tensor,
-    span: Tensor,
-    offsets: Tensor | None,
-    ramp: float,
-    gradient: str = "ramp",
-) -> Tensor:
+def expire_mask(relative: Tensor, span: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
     """m_ti = clamp(1 + r_ti / R, 0, 1), remaining span r_ti = e_i - (t - i) (eq. 5).
 
     Memories at i = s + relative (B, N) with spans e_i (B, N), queries at t = s + offsets
-    (Q,) (None: t = s); returns (B, Q, N). ``gradient`` says which queries pass a task
-    gradient to e_i: "ramp" those with 0 < m_ti < 1 (the clamp's own gradient, the paper's);
-    "visible" every query with m_ti > 0, as if the ramp went on above 1 (the values are
-    unchanged). See ``SPAN_GRADIENTS``."""
-    start = 1 + (span + relative) / ramp
-    mask = ramp_mask(start, offsets, ramp)
-    if gradient == "visible" and span.requires_grad:
-        open_top = ramp_mask(start, offsets, ramp, top=None)
-        mask = mask + (open_top > 1) * (open_top - open_top.detach())  # adds exactly 0
-    return mask
+    (Q,) (None: t = s); returns (B, Q, N)."""
+    return ramp_mask(1 + (span + relative) / ramp, offsets, ramp)
 
 
 def expire_span_loss(mask: Tensor, span: Tensor, ramp: float, coef: float) -> Tensor:
@@ -86,14 +72,16 @@ class ExpireSpan(MemoryKind):
         super().__init__(cfg)
         self.ramp = cfg.ramp
         self.coef = cfg.aux_loss_coef
-        self.gradient = cfg.span_gradient
         self.predictor = SpanPredictor(cfg)
 
     def span(self, hidden: Tensor) -> Tensor:
         return self.predictor(hidden)
 
+    def span_parameters(self) -> list[nn.Parameter]:
+        return list(self.predictor.parameters())
+
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
-        return expire_mask(relative, span, offsets, self.ramp, self.gradient)
+        return expire_mask(relative, span, offsets, self.ramp)
 
     def loss(self, mask: Tensor, span: Tensor | None, call: Call) -> Tensor:
         return expire_span_loss(mask, span, self.ramp, self.coef)

@@ -70,13 +70,18 @@ class Read(NamedTuple):
     compressed: SlotStore | None = None  # compressive: compressed memories after the call
 
 
-def ramp_mask(
-    start: Tensor, offsets: Tensor | None, ramp: float, top: float | None = 1.0
-) -> Tensor:
-    """clamp(start_i - offset_t / R, 0, top) for every query offset: (..., Q, N) from (..., N)."""
+def span_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters that set memory spans anywhere in ``model`` (Expire-Span's span
+    predictors, Adaptive-Span's spans), e.g. to give them optimiser settings of their own."""
+    kinds = (m for m in model.modules() if isinstance(m, MemoryKind))
+    return [p for kind in kinds for p in kind.span_parameters()]
+
+
+def ramp_mask(start: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
+    """clamp(start_i - offset_t / R, 0, 1) for every query offset: (..., Q, N) from (..., N)."""
     if offsets is None:
-        return start[..., None, :].clamp(0, top)
-    return (start[..., None, :] - (offsets / ramp)[:, None]).clamp(0, top)
+        return start[..., None, :].clamp(0, 1)
+    return (start[..., None, :] - (offsets / ramp)[:, None]).clamp(0, 1)
 
 
 class MemoryKind(nn.Module):
@@ -104,6 +109,10 @@ class MemoryKind(nn.Module):
     def loss(self, mask: Tensor, span: Tensor | None, call: Call) -> Tensor:
         """Auxiliary loss of this layer for the call; ``mask`` already hides invisible keys."""
         return mask.new_zeros(())
+
+    def span_parameters(self) -> list[nn.Parameter]:
+        """The parameters that set how long memories are kept (learned spans), if any."""
+        return []
 
     # --- shared machinery ------------------------------------------------------------
     def read(

@@ -5,8 +5,14 @@ import pytest
 import torch
 
 from agents import ActorCritic, LSTMCore
-from agents.learners import actor_critic_loss, generalized_advantages, normalised, ppo_loss
-from memory import KINDS, MemoryConfig, MemoryTransformer
+from agents.learners import (
+    actor_critic_loss,
+    generalized_advantages,
+    make_optimizer,
+    normalised,
+    ppo_loss,
+)
+from memory import KINDS, MemoryConfig, MemoryTransformer, span_parameters
 
 OBS_SHAPE = (3, 3, 7)
 
@@ -79,9 +85,42 @@ def test_ppo_loss_equals_actor_critic_loss_at_ratio_one():
 def test_advantages_are_normalised_over_the_whole_unroll():
     """One mean and scale for the unroll, not one per environment or minibatch."""
     advantages = torch.tensor([[0.0, 0.0, 0.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
+    returns = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
     flat = advantages.flatten()
     expected = (advantages - flat.mean()) / flat.std()
-    torch.testing.assert_close(normalised(advantages), expected)
+    torch.testing.assert_close(normalised(advantages, returns), expected)
+    rms = 0.5**0.5  # of the returns: half ones, half zeros
+    torch.testing.assert_close(
+        normalised(advantages, returns, "returns"), (advantages - flat.mean()) / rms
+    )
+    torch.testing.assert_close(normalised(advantages, returns, "none"), advantages - flat.mean())
+
+
+def test_solved_task_noise_is_not_blown_up_by_the_returns_scale():
+    """A solved task: returns near 0.9, advantages value noise of spread 0.02. Dividing by
+    their std makes that noise unit-size; in units of the returns it stays small."""
+    noise = 0.02 * torch.randn(8, 100, generator=torch.Generator().manual_seed(0))
+    returns = 0.9 + noise
+    assert normalised(noise, returns, "std").std().item() == pytest.approx(1.0)
+    assert normalised(noise, returns, "returns").std().item() == pytest.approx(0.02 / 0.9, rel=0.1)
+
+
+def test_span_parameters_get_their_own_learning_rate():
+    for kind, count in (("expire_span", 4), ("adaptive_span", 2), ("transformer_xl", 0)):
+        core = MemoryTransformer(MemoryConfig(kind=kind, dim=16, num_heads=2, ffn_dim=32))
+        agent = ActorCritic((3, 3, 6), 4, core, 16)
+        spans = span_parameters(agent)
+        assert len(spans) == count  # w and b of each layer's span predictor, or its spans
+        (group,) = make_optimizer(agent, "adam", lr=1e-3).param_groups
+        assert len(group["params"]) == len(list(agent.parameters()))
+        groups = make_optimizer(agent, "rmsprop", lr=1e-3, span_lr_scale=0.1).param_groups
+        if not count:
+            assert len(groups) == 1
+            continue
+        rest, span_group = groups
+        assert span_group["lr"] == pytest.approx(1e-4) and rest["lr"] == 1e-3
+        assert {id(p) for p in span_group["params"]} == {id(p) for p in spans}
+        assert len(rest["params"]) + count == len(list(agent.parameters()))
 
 
 def test_ppo_clips_the_ratio():

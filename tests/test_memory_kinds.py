@@ -132,33 +132,6 @@ def test_mask_gradient_is_zero_off_the_ramp_and_finite_through_the_log():
     assert torch.isfinite(span.grad).all()
 
 
-def test_visible_span_gradient_keeps_the_mask_and_passes_its_top():
-    relative = torch.tensor([[-1.0, -3.5, -9.0, -2.0]])  # m = 1, 0.25, 0 and (e = 5) 1
-    offsets = torch.tensor([0.0, 1.5, 2.5])  # (no m_ti exactly at 0 or 1)
-    masks, grads = {}, {}
-    for gradient in ("ramp", "visible"):
-        span = torch.tensor([[2.0, 2.0, 2.0, 5.0]], requires_grad=True)
-        masks[gradient] = expire_mask(relative, span, offsets, 2.0, gradient)
-        masks[gradient].sum().backward()
-        grads[gradient] = span.grad
-    assert torch.equal(masks["ramp"], masks["visible"])  # the same values, bit for bit
-    # dm/de = 1/R for every (query, memory) with m > 0, not only on the ramp
-    assert torch.equal(grads["visible"], ((masks["ramp"] > 0).sum(1) / 2.0))
-    assert torch.equal(grads["ramp"], (((masks["ramp"] > 0) & (masks["ramp"] < 1)).sum(1) / 2.0))
-
-
-def test_visible_span_gradient_moves_span_between_memories():
-    """Each query's attention logits have gradients summing to 0, so while every memory is
-    inside its span the task gradient on the shared bias b cancels: it redistributes span
-    between memories (through w) and does not lengthen them all."""
-    x = torch.randn(1, 20, 16)
-    core = small_core("expire_span", max_span=100, init_span_fraction=0.5, span_gradient="visible")
-    core(x, core.initial_state(1)).hidden.square().sum().backward()
-    predictor = core.layers[0].memory.predictor.linear
-    assert predictor.weight.grad.abs().max() > 1e-4
-    assert predictor.bias.grad.abs().max() < 1e-4 * predictor.weight.grad.abs().max()
-
-
 def test_deleting_expired_memories_changes_no_output():
     core = small_core("expire_span", max_span=24, ramp=4)
     keeper = small_core("expire_span", max_span=24, ramp=4)
