@@ -34,7 +34,7 @@ from agents.learners import (
     normalised,
     ppo_loss,
 )
-from agents.probes import SpanProbe, success_by_length
+from agents.probes import TASK_METRICS, SpanProbe, success_by_length
 from memory import KINDS, MemoryConfig, MemoryTransformer
 from training import (
     BEST_CHECKPOINT_FILE,
@@ -72,7 +72,6 @@ OUTCOMES = {  # what each env reports at the end of an episode, besides return a
     "minigrid_memory": ("success",),
 }
 ENV_META_KEYS = ("name", "id")
-TASK_METRIC = {"corridor": "success", "portal": "rooms_reached", "minigrid_memory": "success"}
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -98,6 +97,7 @@ def check_config(cfg: DictConfig) -> None:
             "minibatch holds whole environment sequences, so use at most one per environment"
         )
     check_wandb_config(cfg.wandb)
+    check_positive_int("eval.length_bins", cfg.eval.length_bins)
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
     check_choice("memory", cfg.memory.kind, (*KINDS, "lstm"))
@@ -352,9 +352,9 @@ def train(cfg: DictConfig) -> None:
             set_metrics(progress, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
             # Keep the model of the best interval so far beside the last one (the same on
             # every rank: the metrics are averaged over ranks).
-            value = metrics[TASK_METRIC[cfg.env.name]]
+            value = metrics[TASK_METRICS[cfg.env.name]]
             if not math.isnan(value) and (best is None or value > best["value"]):
-                best = {"metric": TASK_METRIC[cfg.env.name], "value": value, "step": step}
+                best = {"metric": TASK_METRICS[cfg.env.name], "value": value, "step": step}
                 if dist.is_main:
                     model = {"agent": agent.state_dict(), "step": step, "best": best}
                     model["config"] = OmegaConf.to_container(cfg, resolve=True)
@@ -403,14 +403,17 @@ def evaluate(cfg: DictConfig) -> None:
     probe = None
     if isinstance(agent.core, MemoryTransformer):
         probe = SpanProbe(agent.core, age_bin=math.ceil(agent.core.cfg.max_span / 10))
-    vocab = make_single_env(trained.env).get_wrapper_attr("vocab")
+    single = make_single_env(trained.env)
+    vocab = single.get_wrapper_attr("vocab")
+    single.close()
     probe_word = vocab.index(cfg.eval.probe_word) if cfg.eval.probe_word in vocab else None
 
     obs, _ = vec_env.reset(seed=cfg.seed)
     obs = torch.as_tensor(obs)
     episode_start = torch.ones(cfg.eval.num_envs, dtype=torch.bool)
     state = agent.initial_state(cfg.eval.num_envs)
-    stats = EpisodeStats(cfg.eval.num_envs, trained.env.name, ("corridor_length",) * corridor)
+    extra = ("corridor_length",) if corridor else ()
+    stats = EpisodeStats(cfg.eval.num_envs, trained.env.name, extra)
     memory_sizes = []
     while stats.episodes < cfg.eval.episodes:
         action, _, _, out = agent.act(obs, state, episode_start, greedy=cfg.eval.greedy)

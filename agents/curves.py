@@ -2,8 +2,8 @@
 
     python -m agents.curves RUN_DIR [RUN_DIR ...] --out FIGURE.png [--markdown] [--label KEY ...]
 
-Draws the task metric, the average memory size and (Expire-Span runs) every layer's mean
-span against environment steps, one line per run (every seed shown), one colour per memory
+Draws the task metric, the average memory size and (Expire-Span runs) every layer's mean and
+largest span against environment steps, one line per run (every seed shown), one colour per memory
 setting. Prints one row per run: where it first reached the target, and over the rest of the
 run its lowest interval, its mean, and its mean memory size. A run *holds* when it reaches
 the target, never falls below the floor afterwards, and keeps a mean at or above the target
@@ -24,9 +24,8 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from agents.plot import KIND_STYLES, PlotError, _series, find_run_dirs
+from agents.probes import TASK_METRICS
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
-
-TASK_METRICS = {"corridor": "success", "portal": "rooms_reached", "minigrid_memory": "success"}
 
 
 @dataclass
@@ -72,24 +71,34 @@ def run_label(cfg: Any, keys: Sequence[str] = ()) -> str:
 
 
 def plot_curves(runs: Sequence[tuple[str, str, list[dict[str, Any]]]], metric: str) -> Figure:
-    """Panels of metric, memory size and mean spans against steps; runs: (label, name, records)."""
+    """Panels of metric, memory size and, when logged, every layer's mean and largest span
+    against steps; runs: (label, name, records)."""
     with_spans = any("span/l0_mean" in r for _, _, records in runs for r in records)
-    panels = 3 if with_spans else 2
-    figure = Figure(figsize=(5 * panels, 4), layout="constrained")
+    panels = 4 if with_spans else 2
+    figure = Figure(figsize=(4.5 * panels, 4), layout="constrained")
     axes = figure.subplots(1, panels)
     labels = sorted({label for label, _, _ in runs})
     colours = {label: f"C{i}" for i, label in enumerate(labels)}
     for label, _, records in runs:
+        colour = colours[label]
         steps = [r["step"] for r in records if r.get(metric) is not None]
-        axes[0].plot(steps, _series(records, metric), color=colours[label], lw=1, alpha=0.8)
-        steps = [r["step"] for r in records]
-        axes[1].plot(steps, [r["memory_size"] for r in records], color=colours[label], lw=1)
+        axes[0].plot(steps, _series(records, metric), color=colour, lw=1, alpha=0.8)
+        axes[1].plot(
+            [r["step"] for r in records], [r["memory_size"] for r in records], color=colour, lw=1
+        )
         layer = 0
         while with_spans and f"span/l{layer}_mean" in records[-1]:
-            key = f"span/l{layer}_mean"
             style = ("-", "--", ":", "-.")[layer % 4]
-            values = [r[key] for r in records if key in r]
-            axes[2].plot(steps[-len(values) :], values, color=colours[label], ls=style, lw=1)
+            for ax, stat in ((axes[2], "mean"), (axes[3], "max")):
+                key = f"span/l{layer}_{stat}"
+                logged = [r for r in records if key in r]
+                ax.plot(
+                    [r["step"] for r in logged],
+                    [r[key] for r in logged],
+                    color=colour,
+                    ls=style,
+                    lw=1,
+                )
             layer += 1
     for label in labels:
         axes[0].plot([], [], color=colours[label], label=label)
@@ -97,7 +106,8 @@ def plot_curves(runs: Sequence[tuple[str, str, list[dict[str, Any]]]], metric: s
     axes[0].set_ylabel(metric)
     axes[1].set_ylabel("average memory size")
     if with_spans:
-        axes[2].set_ylabel("mean span, new memories (layer 0 -, 1 --)")
+        axes[2].set_ylabel("mean span of new memories (layer 0 -, 1 --)")
+        axes[3].set_ylabel("largest span of new memories (layer 0 -, 1 --)")
     for ax in axes:
         ax.set_xlabel("environment steps")
         ax.grid(alpha=0.3)

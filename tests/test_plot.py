@@ -386,3 +386,48 @@ def test_real_sweep_with_runs_not_done_yet(real_sweep, tmp_path, capsys):
     assert f"{sweep / '0'}: no metrics.jsonl yet" in err
     assert f"{sweep / '1'}: metrics.jsonl is empty" in err
     assert "error: no run has usable metrics yet" in err
+
+
+def test_holding_judges_the_run_after_it_first_reaches_the_target():
+    from agents.curves import holding
+
+    def records(values):
+        return [
+            {"step": 1000 * (i + 1), "success": v, "memory_size": 10.0 + i}
+            for i, v in enumerate(values)
+        ]
+
+    held = holding(records([0.5, 0.97, None, 0.93, 0.99]), "success", 0.95, 0.9)
+    assert held.reached_at == 2000 and held.holds
+    assert held.lowest_after == 0.93
+    assert held.mean_after == pytest.approx((0.97 + 0.93 + 0.99) / 3)
+    assert held.memory_after == pytest.approx(
+        (11 + 13 + 14) / 3
+    )  # intervals without a value skipped
+    dipped = holding(records([0.96, 0.99, 0.85, 0.99]), "success", 0.95, 0.9)
+    assert dipped.lowest_after == 0.85 and not dipped.holds  # a peak that does not last
+    low_mean = holding(records([0.95, 0.91, 0.92]), "success", 0.95, 0.9)
+    assert low_mean.lowest_after >= 0.9 and not low_mean.holds
+    never = holding(records([0.5, 0.6]), "success", 0.95, 0.9)
+    assert never.reached_at is None and not never.holds
+
+
+def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
+    from agents import curves
+
+    held = rl_records([0.5, 0.96, 0.97, 0.99], [30.0, 20.0, 18.0, 16.0])
+    lost = rl_records([0.6, 0.97, 0.55, 0.6], [40.0, 25.0, 16.0, 16.0])
+    for record in held:
+        record.update({"span/l0_mean": 5.0, "span/l1_mean": 9.0})
+    make_run(tmp_path / "a", rl_config("expire_span", 200, 0), held)
+    make_run(tmp_path / "b", rl_config("transformer_xl", 50, 1), lost)
+    figure = tmp_path / "curves.png"
+    assert (
+        curves.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(figure), "--markdown"])
+        == 0
+    )
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
+    assert rows[0].split(" | ")[:4] == ["| Expire-Span", "0", "0.00M", "2k"]
+    assert rows[0].endswith("| 18.0 | yes |")
+    assert rows[1].startswith("| Transformer-XL L=50 | 1 |") and rows[1].endswith("| no |")
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
