@@ -35,6 +35,7 @@ from training import (
     ConfigError,
     DistInfo,
     MetricsLogger,
+    SpanStats,
     all_gather_object,
     all_reduce_mean,
     broadcast_object,
@@ -321,6 +322,9 @@ def train(cfg: DictConfig) -> None:
             )
             if data.metric == "bpb":
                 record["train_bpb"] = record["train_loss"] / math.log(2)
+            last_block = SpanStats()  # the spans of this block's new memories, per layer
+            last_block.add(out.spans)
+            record.update(all_reduce_mean(last_block.summary(), dist))
             interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
             train_time, timed_steps = 0.0, 0
         if done % cfg.eval_interval == 0 or last:
