@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -43,7 +45,7 @@ class SpanProbe:
     def __init__(self, core: MemoryTransformer, age_bin: int) -> None:
         self.core = core
         self.age_bin = age_bin
-        num_layers, num_bins = len(core.layers), -(-core.cfg.max_span // age_bin) + 1
+        num_layers, num_bins = len(core.layers), math.ceil(core.cfg.max_span / age_bin) + 1
         self.marked: list[list[float]] = [[] for _ in range(num_layers)]
         self.unmarked = np.zeros((num_layers, 2))  # sum of spans, count
         self.alive = np.zeros((num_layers, num_bins))  # memories seen, summed over queries
@@ -66,10 +68,10 @@ class SpanProbe:
             seen = layer.memory.alive(slots, query_time, state.episode_begin)
             age = query_time - slots.position
             seen &= age > 0  # the query itself is no memory
-            bins = (age[seen] // self.age_bin).clamp_max(self.alive.shape[1] - 1).numpy()
+            bins = (age[seen] // self.age_bin).clamp_max(self.alive.shape[1] - 1).cpu().numpy()
             np.add.at(self.alive[layer_index], bins, 1)
             if slots.span is not None:
-                np.add.at(self.span_sum[layer_index], bins, slots.span[seen].double().numpy())
+                np.add.at(self.span_sum[layer_index], bins, slots.span[seen].double().cpu().numpy())
         self.queries += len(state.episode_begin)
 
     def summary(self) -> dict:
@@ -93,7 +95,7 @@ class SpanProbe:
             for b, seen in enumerate(self.alive[index]):
                 if not seen:
                     continue
-                age = f"{b * self.age_bin + (b == 0)}-{(b + 1) * self.age_bin - 1}"
+                age = f"{max(1, b * self.age_bin)}-{(b + 1) * self.age_bin - 1}"  # (no age 0)
                 entry = {"age": age, "memories_per_query": float(seen / self.queries)}
                 if self.span_sum[index, b]:
                     entry["mean_span"] = float(self.span_sum[index, b] / seen)
