@@ -47,6 +47,7 @@ from training import (
     check_positive,
     check_positive_int,
     check_wandb_config,
+    check_whole,
     cleanup_distributed,
     exit_on_config_error,
     gather_parameter_digests,
@@ -84,9 +85,7 @@ def check_config(cfg: DictConfig) -> None:
         check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)
     for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
         check_positive_int(key, cfg[key])
-    keep = cfg.checkpoint_keep
-    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 0:
-        raise ConfigError(f"checkpoint_keep must be an integer >= 0 (0: only the last), got {keep}")
+    check_whole("checkpoint_keep", cfg.checkpoint_keep)
     check_positive("agent.lr", cfg.agent.lr)
     check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
     for key in ("epochs", "minibatches"):

@@ -70,16 +70,16 @@ def run_label(cfg: Any, keys: Sequence[str] = ()) -> str:
     return ", ".join(parts)
 
 
-def plot_curves(runs: Sequence[tuple[str, str, list[dict[str, Any]]]], metric: str) -> Figure:
-    """Panels of metric, memory size and, when logged, every layer's mean and largest span
-    against steps; runs: (label, name, records)."""
+def plot_curves(runs: Sequence[tuple[str, str, list[dict[str, Any]]]]) -> Figure:
+    """Panels of the task metric, memory size and, when logged, every layer's mean and largest
+    span against steps; runs: (label, metric, records)."""
     with_spans = any("span/l0_mean" in r for _, _, records in runs for r in records)
     panels = 4 if with_spans else 2
     figure = Figure(figsize=(4.5 * panels, 4), layout="constrained")
     axes = figure.subplots(1, panels)
     labels = sorted({label for label, _, _ in runs})
     colours = {label: f"C{i}" for i, label in enumerate(labels)}
-    for label, _, records in runs:
+    for label, metric, records in runs:
         colour = colours[label]
         steps = [r["step"] for r in records if r.get(metric) is not None]
         axes[0].plot(steps, _series(records, metric), color=colour, lw=1, alpha=0.8)
@@ -103,7 +103,7 @@ def plot_curves(runs: Sequence[tuple[str, str, list[dict[str, Any]]]], metric: s
     for label in labels:
         axes[0].plot([], [], color=colours[label], label=label)
     axes[0].legend(fontsize=8)
-    axes[0].set_ylabel(metric)
+    axes[0].set_ylabel(" / ".join(sorted({metric for _, metric, _ in runs})))
     axes[1].set_ylabel("average memory size")
     if with_spans:
         axes[2].set_ylabel("mean span of new memories (layer 0 -, 1 --)")
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = read_metrics(run_dir / METRICS_FILE)
         metric = TASK_METRICS.get(cfg.env.name, "return")
         label = run_label(cfg, args.label)
-        runs.append((label, run_dir.name, records))
+        runs.append((label, metric, records))
         result = holding(records, metric, args.target, args.floor)
         rows.append((label, cfg.seed, records[-1]["step"], result))
     if not runs:
@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_open(args.out, "wb") as file:
-            plot_curves(runs, metric).savefig(file, format="png", dpi=110)
+            plot_curves(runs).savefig(file, format="png", dpi=110)
 
     def number(value: float | None, digits: int) -> str:
         return "-" if value is None else f"{value:.{digits}f}"

@@ -58,10 +58,11 @@ class SpanProbe:
         environments had the probe word in view (their new memories are the marked ones)."""
         state = out.state
         query_time = state.time - 1
+        batch = len(state.episode_begin)
+        chosen = torch.zeros(batch, dtype=torch.bool) if marked is None else marked.cpu()
         for layer_index, layer in enumerate(self.core.layers):
             if out.spans is not None:
-                new = out.spans[layer_index][:, 0]
-                chosen = marked if marked is not None else torch.zeros_like(new, dtype=torch.bool)
+                new = out.spans[layer_index][:, 0].cpu()
                 self.marked[layer_index].extend(new[chosen].tolist())
                 self.unmarked[layer_index] += (float(new[~chosen].sum()), int((~chosen).sum()))
             slots = state.layers[layer_index].view()
@@ -72,7 +73,7 @@ class SpanProbe:
             np.add.at(self.alive[layer_index], bins, 1)
             if slots.span is not None:
                 np.add.at(self.span_sum[layer_index], bins, slots.span[seen].double().cpu().numpy())
-        self.queries += len(state.episode_begin)
+        self.queries += batch
 
     def summary(self) -> dict:
         """Per layer: spans of marked memories (mean, min, max, count) against the other

@@ -401,9 +401,8 @@ def test_holding_judges_the_run_after_it_first_reaches_the_target():
     assert held.reached_at == 2000 and held.holds
     assert held.lowest_after == 0.93
     assert held.mean_after == pytest.approx((0.97 + 0.93 + 0.99) / 3)
-    assert held.memory_after == pytest.approx(
-        (11 + 13 + 14) / 3
-    )  # intervals without a value skipped
+    # the interval without a value (step 3000) is skipped
+    assert held.memory_after == pytest.approx((11 + 13 + 14) / 3)
     dipped = holding(records([0.96, 0.99, 0.85, 0.99]), "success", 0.95, 0.9)
     assert dipped.lowest_after == 0.85 and not dipped.holds  # a peak that does not last
     low_mean = holding(records([0.95, 0.91, 0.92]), "success", 0.95, 0.9)

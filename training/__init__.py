@@ -38,6 +38,7 @@ from training.config import (
     check_positive,
     check_positive_int,
     check_range,
+    check_whole,
     exit_on_config_error,
 )
 from training.distributed import (
@@ -79,6 +80,7 @@ __all__ = [
     "check_choice",
     "check_positive",
     "check_positive_int",
+    "check_whole",
     "check_range",
     "check_wandb_config",
     "cleanup_distributed",

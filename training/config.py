@@ -44,9 +44,20 @@ def check_positive(name: str, value: Any) -> None:
 
 def check_positive_int(name: str, value: Any) -> None:
     """Fail unless `value` is an integer > 0 (counts: steps, layers, environments)."""
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not _is_whole(value):
         raise ConfigError(f"{name}={value} must be a whole number > 0")
     check_range(name, value, low=1)
+
+
+def check_whole(name: str, value: Any, low: int = 0) -> None:
+    """Fail unless `value` is an integer >= `low` (counts that may be 0)."""
+    if not _is_whole(value):
+        raise ConfigError(f"{name}={value} must be a whole number >= {low}")
+    check_range(name, value, low=low)
+
+
+def _is_whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def check_range(
