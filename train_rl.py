@@ -34,7 +34,7 @@ from agents.learners import (
     normalised,
     ppo_loss,
 )
-from agents.probes import TASK_METRICS, SpanProbe, success_by_length
+from agents.probes import TASK_METRICS, SpanProbe, success_by_case, success_by_length
 from memory import KINDS, MemoryConfig, MemoryTransformer
 from training import (
     BEST_CHECKPOINT_FILE,
@@ -80,7 +80,7 @@ def check_config(cfg: DictConfig) -> None:
     check_choice("mode", cfg.mode, ("train", "eval"))
     check_choice("env", cfg.env.name, OUTCOMES)
     check_choice("agent", cfg.agent.name, LEARNERS)
-    check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam"))
+    check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam", "amsgrad"))
     if cfg.agent.name == "ppo":
         check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)
     for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
@@ -88,6 +88,11 @@ def check_config(cfg: DictConfig) -> None:
     check_whole("checkpoint_keep", cfg.checkpoint_keep)
     check_positive("agent.lr", cfg.agent.lr)
     check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
+    betas = cfg.agent.betas
+    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
+        raise ConfigError(
+            f"agent.betas={list(betas)}: give two decay rates in [0, 1), e.g. [0.9, 0.999]"
+        )
     for key in ("epochs", "minibatches"):
         check_positive_int(f"agent.{key}", cfg.agent[key])
     if cfg.agent.minibatches > cfg.num_envs:
@@ -226,7 +231,9 @@ def train(cfg: DictConfig) -> None:
     learner = (
         DistributedDataParallel(agent, broadcast_buffers=False) if dist.world_size > 1 else agent
     )
-    optimizer = make_optimizer(agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale)
+    optimizer = make_optimizer(
+        agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale, tuple(cfg.agent.betas)
+    )
 
     first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
     if checkpoint is not None:
@@ -404,6 +411,7 @@ def evaluate(cfg: DictConfig) -> None:
         probe = SpanProbe(agent.core, age_bin=math.ceil(agent.core.cfg.max_span / 10))
     single = make_single_env(trained.env)
     vocab = single.get_wrapper_attr("vocab")
+    colors = single.unwrapped.core.cell_kinds.colors if corridor else ()
     single.close()
     probe_word = vocab.index(cfg.eval.probe_word) if cfg.eval.probe_word in vocab else None
 
@@ -411,7 +419,8 @@ def evaluate(cfg: DictConfig) -> None:
     obs = torch.as_tensor(obs)
     episode_start = torch.ones(cfg.eval.num_envs, dtype=torch.bool)
     state = agent.initial_state(cfg.eval.num_envs)
-    extra = ("corridor_length",) if corridor else ()
+    layout = ("cue_color", "good_door_north")  # the Corridor's case, not averaged below
+    extra = ("corridor_length", *layout) if corridor else ()
     stats = EpisodeStats(cfg.eval.num_envs, trained.env.name, extra)
     memory_sizes = []
     while stats.episodes < cfg.eval.episodes:
@@ -426,20 +435,22 @@ def evaluate(cfg: DictConfig) -> None:
         stats.record(reward, done, info)
         obs, episode_start = torch.as_tensor(next_obs), torch.as_tensor(done)
     vec_env.close()
-    by_length = None
+    corridor_probes = {}
     if corridor:
-        env = trained.env
-        by_length = success_by_length(
-            stats.finished["corridor_length"],
-            stats.finished["success"],
+        env, finished = trained.env, stats.finished
+        corridor_probes["success_by_length"] = success_by_length(
+            finished["corridor_length"],
+            finished["success"],
             env.min_length,
             env.max_length,
             cfg.eval.length_bins,
         )
-    result = stats.summary()
+        corridor_probes["success_by_case"] = success_by_case(
+            finished["cue_color"], finished["good_door_north"], finished["success"], colors
+        )
+    result = {k: v for k, v in stats.summary().items() if k not in layout}
     result.update(memory_size=float(np.mean(memory_sizes)), checkpoint=str(cfg.checkpoint))
-    if by_length is not None:
-        result["success_by_length"] = by_length
+    result.update(corridor_probes)
     if probe is not None:
         result["spans"] = probe.summary()
         result["spans"]["marked_by"] = cfg.eval.probe_word if probe_word is not None else None

@@ -2,6 +2,8 @@
 
 - Success by corridor length: where in the length range the agent fails (the Corridor
   reports each episode's `corridor_length`).
+- Success by case: per cue colour and side of the good door. An agent that has lost one of
+  the four cases of the Corridor's door choice succeeds in 3/4 of its episodes.
 - Spans of marked memories: the expire-span e_i each layer gives the memories written while
   a word is in view (the Corridor's `cue`: the memories the task needs), beside the spans of
   all other memories.
@@ -36,6 +38,22 @@ def success_by_length(
         rows.append(
             {"lengths": f"{start}-{stop - 1}", "episodes": int(chosen.sum()), "success": success}
         )
+    return rows
+
+
+def success_by_case(
+    cue_colors: list[float], good_door_north: list[float], successes: list[float], colors: tuple
+) -> list[dict]:
+    """Success rate per (cue colour, side of the good door) of the Corridor's episodes."""
+    cues, north, successes = map(np.asarray, (cue_colors, good_door_north, successes))
+    rows = []
+    for index, color in enumerate(colors):
+        for side, is_north in (("north", True), ("south", False)):
+            chosen = (cues == index) & (north.astype(bool) == is_north)
+            success = float(successes[chosen].mean()) if chosen.any() else None
+            rows.append(
+                {"cue": color, "good_door": side, "episodes": int(chosen.sum()), "success": success}
+            )
     return rows
 
 

@@ -45,12 +45,16 @@ class CorridorCore(MazeBaseCore):
         num_lengths = self.max_length - self.min_length + 1
         self.draw_bounds = np.array([num_lengths, num_colors, num_colors - 1, 2])
         self.length = np.zeros(self.num_envs, dtype=np.int64)
+        self.cue_color = np.zeros(self.num_envs, dtype=np.int64)  # index into cell_kinds.colors
+        self.good_door_north = np.zeros(self.num_envs, dtype=bool)
         self._columns = np.arange(self.cells.shape[-1])
 
     def episode_info(self, env_ids: np.ndarray) -> dict[str, np.ndarray]:
         return {
             "success": self.cell_kinds.is_good_door[self.flat_cells[self.position[env_ids]]],
             "corridor_length": self.length[env_ids].copy(),
+            "cue_color": self.cue_color[env_ids].copy(),
+            "good_door_north": self.good_door_north[env_ids].copy(),
         }
 
     def _build(self, env_ids: np.ndarray, draws: np.ndarray) -> None:
@@ -68,6 +72,8 @@ class CorridorCore(MazeBaseCore):
         self.cells[env_ids, NORTH_DOOR_ROW, east_end] = np.where(good_north, good, bad)
         self.cells[env_ids, SOUTH_DOOR_ROW, east_end] = np.where(good_north, bad, good)
         self.length[env_ids] = length
+        self.cue_color[env_ids] = cue
+        self.good_door_north[env_ids] = good_north
         row_stride = self.cells.shape[-1]
         self.position[env_ids] = self.env_start[env_ids] + CORRIDOR_ROW * row_stride + START_COL
 
@@ -100,7 +106,8 @@ class CorridorEnv(MazeBaseEnv):
       what an agent walking straight east needs for the longest corridor (length steps);
       `max_steps` below `max_length` is refused since the longest corridors could not be won.
     - `info["success"]` (bool), at the last step of every episode: the agent went through the
-      door of the cue's colour (False when truncated), and `info["corridor_length"]`.
+      door of the cue's colour (False when truncated); with it the episode's layout:
+      `corridor_length`, `cue_color` (an index into `colors`) and `good_door_north` (bool).
 
     `min_length` may go down to 2 (a start cell and a door cell); the paper uses 3..200.
     Observation words: agent, block, cue, door and the palette's colours (`vocab`).

@@ -12,6 +12,7 @@ from agents.learners import (
     normalised,
     ppo_loss,
 )
+from agents.probes import success_by_case
 from memory import KINDS, MemoryConfig, MemoryTransformer, span_parameters
 
 OBS_SHAPE = (3, 3, 7)
@@ -123,6 +124,38 @@ def test_span_parameters_get_their_own_learning_rate():
         assert len(rest["params"]) + count == len(list(agent.parameters()))
 
 
+def _adam_steps(name: str, betas: tuple[float, float], gradients: list[float]) -> list[float]:
+    """The size of each step the learner's optimizer takes on one parameter fed `gradients`."""
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optimizer = make_optimizer(torch.nn.Linear(1, 1), name, lr=1.0, betas=betas)
+    optimizer.param_groups[0]["params"] = [weight]
+    steps = []
+    for gradient in gradients:
+        before = weight.item()
+        weight.grad = torch.tensor([gradient])
+        optimizer.step()
+        steps.append(abs(weight.item() - before))
+    return steps
+
+
+def test_equal_betas_bound_adams_step_after_a_quiet_spell():
+    """Dohare et al. (2023): after a long run of tiny gradients, a sudden one makes Adam with
+    betas (0.9, 0.999) step several learning rates at once (the second moment lags the
+    first); with equal betas |m| <= sqrt(v), so no step exceeds the learning rate."""
+    gradients = [1e-4] * 3000 + [1.0] * 30
+    assert max(_adam_steps("adam", (0.9, 0.999), gradients)[3000:]) > 3.0
+    assert max(_adam_steps("adam", (0.99, 0.99), gradients)) <= 1.0 + 1e-6
+
+
+def test_amsgrad_keeps_steps_small_once_gradients_shrink():
+    """AMSGrad divides by the largest second moment seen, so gradients 100 times smaller
+    than those of learning make steps about that much smaller; Adam forgets and steps the
+    full learning rate again."""
+    gradients = [1.0] * 1000 + [0.01] * 8000
+    assert _adam_steps("adam", (0.9, 0.999), gradients)[-1] > 0.5
+    assert _adam_steps("amsgrad", (0.9, 0.999), gradients)[-1] < 0.02
+
+
 def test_ppo_clips_the_ratio():
     # The new policy gives the action probability 0.5; the behaviour policy gave it 0.25 at
     # step 0 (ratio 2) and 0.5 at step 1 (ratio 1).
@@ -191,3 +224,16 @@ def test_greedy_action_is_the_argmax_and_sampling_follows_the_policy():
     torch.testing.assert_close(
         log_prob, torch.log_softmax(logits, -1).gather(-1, sampled[:, None]).squeeze(-1)
     )
+
+
+def test_success_by_case_shows_one_lost_case_of_the_door_choice():
+    """An agent that takes the wrong door whenever the cue is blue and the good door north
+    succeeds in 3/4 of its episodes; the cases say which quarter is lost."""
+    rng = np.random.default_rng(0)
+    cues, north = rng.integers(0, 2, 400), rng.integers(0, 2, 400).astype(bool)
+    success = ~((cues == 1) & north)
+    rows = success_by_case(cues.tolist(), north.tolist(), success.tolist(), ("red", "blue"))
+    lost = [(row["cue"], row["good_door"]) for row in rows if row["success"] == 0.0]
+    assert lost == [("blue", "north")]
+    assert all(row["success"] == 1.0 for row in rows if (row["cue"], row["good_door"]) not in lost)
+    assert sum(row["episodes"] for row in rows) == 400

@@ -105,7 +105,13 @@ def test_corridor_doors_pay_for_the_cue_colour(take_matching_door):
         obs, reward, terminated, truncated, info = env.step(action)
         assert reward == float(take_matching_door) and terminated and not truncated
         length = int(env.unwrapped.core.length[0])
-        assert info == {"success": take_matching_door, "corridor_length": length}
+        colors = env.unwrapped.core.cell_kinds.colors
+        assert info == {
+            "success": take_matching_door,
+            "corridor_length": length,
+            "cue_color": colors.index(cue_color),
+            "good_door_north": cue_color in north,
+        }
         door_color = (north if action == UP else south) - {"door"}
         assert words(env, obs[1, 1]) == {"agent", "door", *door_color}
 
@@ -135,6 +141,9 @@ def test_corridor_lengths_cover_the_range_and_the_layout_is_random():
     assert 0.45 < np.mean(cue == core.cell_kinds.cue[0]) < 0.55
     north = core.cells[np.arange(4000), 1, core.length]
     assert 0.45 < np.mean(core.cell_kinds.is_good_door[north]) < 0.55
+    # the layout the episode info reports is the one on the map
+    np.testing.assert_array_equal(core.cell_kinds.cue[core.cue_color], cue)
+    np.testing.assert_array_equal(core.good_door_north, core.cell_kinds.is_good_door[north])
 
 
 def test_corridor_step_limit_truncates():
@@ -143,7 +152,8 @@ def test_corridor_step_limit_truncates():
     env.reset(seed=0)
     for _ in range(5):
         assert env.step(LEFT)[1:] == (0.0, False, False, {})
-    assert env.step(LEFT)[1:] == (0.0, False, True, {"success": False, "corridor_length": 5})
+    *_, truncated, info = env.step(LEFT)
+    assert truncated and info["success"] is False and info["corridor_length"] == 5
 
 
 # --- Portal ----------------------------------------------------------------------------------
@@ -296,7 +306,8 @@ def test_vector_infos_follow_gymnasium_convention():
     native.step(np.full(4, RIGHT))
     _, reward, terminated, _, info = native.step(np.array([UP, DOWN, LEFT, LEFT]))
     assert terminated.tolist() == [True, True, False, False]
-    assert set(info) == {"success", "_success", "corridor_length", "_corridor_length"}
+    layout = ("corridor_length", "cue_color", "good_door_north")
+    assert set(info) == {"success", "_success", *layout, *(f"_{key}" for key in layout)}
     assert info["success"].dtype == bool
     assert info["_success"].tolist() == [True, True, False, False]
     assert info["corridor_length"][:2].tolist() == [2, 2]

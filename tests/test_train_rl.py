@@ -39,6 +39,7 @@ def steps_logged(run_dir):
         ("memory.max_span=-1", "max_span"),
         ("num_envs=0", "num_envs"),
         ("agent.optimizer=sgd", "rmsprop"),
+        ("agent.betas=[0.9,1.0]", "two decay rates in [0, 1)"),
         ("wandb.mode=sometimes", "offline"),
         ("mode=eval", "checkpoint=PATH"),
         ("agent.minibatches=33", "at most one per environment"),
@@ -160,6 +161,18 @@ def test_best_checkpoint_and_eval_probes(tmp_path):
     rated = [row for row in bins if row["episodes"]]
     mean = sum(row["success"] * row["episodes"] for row in rated) / outcome["episodes"]
     assert mean == pytest.approx(outcome["success"])
+    cases = outcome["success_by_case"]
+    assert [(row["cue"], row["good_door"]) for row in cases] == [
+        ("red", "north"),
+        ("red", "south"),
+        ("blue", "north"),
+        ("blue", "south"),
+    ]
+    assert sum(row["episodes"] for row in cases) == outcome["episodes"]
+    rated = [row for row in cases if row["episodes"]]
+    mean = sum(row["success"] * row["episodes"] for row in rated) / outcome["episodes"]
+    assert mean == pytest.approx(outcome["success"])
+    assert "cue_color" not in outcome and "good_door_north" not in outcome
     spans = outcome["spans"]
     assert spans["marked_by"] == "cue" and len(spans["layers"]) == 2
     for layer in spans["layers"]:
