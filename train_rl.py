@@ -88,11 +88,6 @@ def check_config(cfg: DictConfig) -> None:
     check_whole("checkpoint_keep", cfg.checkpoint_keep)
     check_positive("agent.lr", cfg.agent.lr)
     check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
-    betas = cfg.agent.betas
-    if len(betas) != 2 or not all(0 <= beta < 1 for beta in betas):
-        raise ConfigError(
-            f"agent.betas={list(betas)}: give two decay rates in [0, 1), e.g. [0.9, 0.999]"
-        )
     for key in ("epochs", "minibatches"):
         check_positive_int(f"agent.{key}", cfg.agent[key])
     if cfg.agent.minibatches > cfg.num_envs:
@@ -231,9 +226,7 @@ def train(cfg: DictConfig) -> None:
     learner = (
         DistributedDataParallel(agent, broadcast_buffers=False) if dist.world_size > 1 else agent
     )
-    optimizer = make_optimizer(
-        agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale, tuple(cfg.agent.betas)
-    )
+    optimizer = make_optimizer(agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale)
 
     first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
     if checkpoint is not None:

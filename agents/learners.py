@@ -118,15 +118,11 @@ def ppo_loss(
 
 
 def make_optimizer(
-    agent: torch.nn.Module,
-    name: str,
-    lr: float,
-    span_lr_scale: float = 1.0,
-    betas: tuple[float, float] = (0.9, 0.999),
+    agent: torch.nn.Module, name: str, lr: float, span_lr_scale: float = 1.0
 ) -> torch.optim.Optimizer:
     """RMSProp, Adam or Adam with AMSGrad ("rmsprop", "adam", "amsgrad") over the agent's
     parameters; those that set memory spans (``memory.span_parameters``) learn at
-    ``lr * span_lr_scale``. ``betas``: Adam's decay rates of its first and second moments."""
+    ``lr * span_lr_scale``."""
     groups = [{"params": list(agent.parameters())}]
     spans = span_parameters(agent)
     if spans and span_lr_scale != 1:
@@ -137,4 +133,4 @@ def make_optimizer(
         ]
     if name == "rmsprop":
         return torch.optim.RMSprop(groups, lr=lr, eps=1e-5)
-    return torch.optim.Adam(groups, lr=lr, betas=betas, eps=1e-5, amsgrad=name == "amsgrad")
+    return torch.optim.Adam(groups, lr=lr, eps=1e-5, amsgrad=name == "amsgrad")

@@ -124,10 +124,10 @@ def test_span_parameters_get_their_own_learning_rate():
         assert len(rest["params"]) + count == len(list(agent.parameters()))
 
 
-def _adam_steps(name: str, betas: tuple[float, float], gradients: list[float]) -> list[float]:
+def _adam_steps(name: str, gradients: list[float]) -> list[float]:
     """The size of each step the learner's optimizer takes on one parameter fed `gradients`."""
     weight = torch.nn.Parameter(torch.zeros(1))
-    optimizer = make_optimizer(torch.nn.Linear(1, 1), name, lr=1.0, betas=betas)
+    optimizer = make_optimizer(torch.nn.Linear(1, 1), name, lr=1.0)
     optimizer.param_groups[0]["params"] = [weight]
     steps = []
     for gradient in gradients:
@@ -138,22 +138,13 @@ def _adam_steps(name: str, betas: tuple[float, float], gradients: list[float]) -
     return steps
 
 
-def test_equal_betas_bound_adams_step_after_a_quiet_spell():
-    """Dohare et al. (2023): after a long run of tiny gradients, a sudden one makes Adam with
-    betas (0.9, 0.999) step several learning rates at once (the second moment lags the
-    first); with equal betas |m| <= sqrt(v), so no step exceeds the learning rate."""
-    gradients = [1e-4] * 3000 + [1.0] * 30
-    assert max(_adam_steps("adam", (0.9, 0.999), gradients)[3000:]) > 3.0
-    assert max(_adam_steps("adam", (0.99, 0.99), gradients)) <= 1.0 + 1e-6
-
-
 def test_amsgrad_keeps_steps_small_once_gradients_shrink():
     """AMSGrad divides by the largest second moment seen, so gradients 100 times smaller
     than those of learning make steps about that much smaller; Adam forgets and steps the
     full learning rate again."""
     gradients = [1.0] * 1000 + [0.01] * 8000
-    assert _adam_steps("adam", (0.9, 0.999), gradients)[-1] > 0.5
-    assert _adam_steps("amsgrad", (0.9, 0.999), gradients)[-1] < 0.02
+    assert _adam_steps("adam", gradients)[-1] > 0.5
+    assert _adam_steps("amsgrad", gradients)[-1] < 0.02
 
 
 def test_ppo_clips_the_ratio():

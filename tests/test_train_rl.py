@@ -39,7 +39,6 @@ def steps_logged(run_dir):
         ("memory.max_span=-1", "max_span"),
         ("num_envs=0", "num_envs"),
         ("agent.optimizer=sgd", "rmsprop"),
-        ("agent.betas=[0.9,1.0]", "two decay rates in [0, 1)"),
         ("wandb.mode=sometimes", "offline"),
         ("mode=eval", "checkpoint=PATH"),
         ("agent.minibatches=33", "at most one per environment"),
