@@ -1,8 +1,11 @@
 """The actor-critic agent: its learners' formulas and that block mode replays step mode."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from agents import ActorCritic, LSTMCore
 from agents.learners import (
@@ -16,6 +19,7 @@ from agents.probes import success_by_case
 from memory import KINDS, MemoryConfig, MemoryTransformer, span_parameters
 
 OBS_SHAPE = (3, 3, 7)
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_agent(kind: str) -> ActorCritic:
@@ -145,6 +149,52 @@ def test_amsgrad_keeps_steps_small_once_gradients_shrink():
     gradients = [1.0] * 1000 + [0.01] * 8000
     assert _adam_steps("adam", gradients)[-1] > 0.5
     assert _adam_steps("amsgrad", gradients)[-1] < 0.02
+
+
+def _policy_steps(agent_cfg, learning: int, solved: int) -> tuple[float, float]:
+    """Mean parameter step of a PPO learner configured by ``agent_cfg`` over the last 100
+    updates of a learning phase (advantages of size 0.5: a bandit's rewards) and of a solved
+    phase (the best action always taken, advantages value noise of spread 0.02)."""
+    torch.manual_seed(0)
+    features = torch.randn(64, 8)
+    policy = torch.nn.Linear(8, 4)
+    optimizer = make_optimizer(policy, agent_cfg.optimizer, agent_cfg.lr)
+    steps = []
+    for update in range(learning + solved):
+        logits = policy(features)[None]
+        if update < learning:
+            actions = torch.distributions.Categorical(logits=logits.detach()).sample()
+            returns = (actions == 0).float()
+            advantages = returns - returns.mean()
+        else:
+            actions = torch.zeros(1, 64, dtype=torch.long)
+            advantages = 0.02 * torch.randn(1, 64)
+            returns = 1.0 + advantages
+        old = torch.log_softmax(logits.detach(), -1).gather(-1, actions[..., None])[..., 0]
+        scaled = normalised(advantages, returns, agent_cfg.advantage_scale)
+        terms = ppo_loss(logits, returns, actions, old, scaled, returns, agent_cfg.clip)
+        loss = terms.policy - agent_cfg.entropy_coef * terms.entropy
+        before = policy.weight.detach().clone()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        steps.append((policy.weight.detach() - before).abs().mean().item())
+    return float(np.mean(steps[learning - 100 : learning])), float(np.mean(steps[-100:]))
+
+
+def test_default_learner_steps_shrink_once_the_task_is_solved():
+    """Once a task is solved, the default PPO learner's steps shrink with its advantages (in
+    units of the returns, under AMSGrad). The earlier learner (advantages divided by their
+    std, Adam) kept taking steps as large as those of learning: on the Corridor those steps
+    flipped one case of the door choice (docs/expire-span-dynamics.md)."""
+    default = OmegaConf.load(ROOT / "configs" / "agent" / "ppo.yaml")
+    learning, solved = _policy_steps(default, learning=300, solved=1000)
+    assert solved < 0.05 * learning
+    earlier = OmegaConf.merge(
+        default, {"optimizer": "adam", "advantage_scale": "std", "entropy_coef": 0.01}
+    )
+    earlier_learning, earlier_solved = _policy_steps(earlier, learning=300, solved=1000)
+    assert earlier_solved > 0.2 * earlier_learning and earlier_solved > 10 * solved
 
 
 def test_ppo_clips_the_ratio():
