@@ -27,10 +27,12 @@ import envs
 from agents import ActorCritic, LSTMCore
 from agents.learners import (
     ADVANTAGE_SCALES,
+    ALL,
     LossTerms,
     actor_critic_loss,
     generalized_advantages,
     make_optimizer,
+    minibatches,
     normalised,
     ppo_loss,
 )
@@ -142,14 +144,6 @@ def make_single_env(env_cfg: DictConfig, render_mode: str | None = None) -> gym.
     if env_cfg.name == "minigrid_memory":
         return envs.make_minigrid_memory(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
     return gym.make(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
-
-
-ALL = slice(None)
-
-
-def minibatches(batch_size: int, count: int) -> list:
-    """Random disjoint sets of whole environment sequences (each keeps its own memory)."""
-    return [ALL] if count == 1 else list(torch.randperm(batch_size).chunk(count))
 
 
 def learner_loss(

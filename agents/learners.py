@@ -117,6 +117,15 @@ def ppo_loss(
     )
 
 
+ALL = slice(None)
+
+
+def minibatches(batch_size: int, count: int) -> list:
+    """``count`` random disjoint sets of whole environment sequences (each keeps its own
+    memory), of sizes that differ by at most one; [ALL] for one."""
+    return [ALL] if count == 1 else list(torch.randperm(batch_size).tensor_split(count))
+
+
 def make_optimizer(
     agent: torch.nn.Module, name: str, lr: float, span_lr_scale: float = 1.0
 ) -> torch.optim.Optimizer:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 from gymnasium import spaces
+from gymnasium.error import ResetNeeded
 from gymnasium.utils import seeding
 from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space
@@ -77,6 +78,7 @@ class MazeBaseVectorEnv(VectorEnv):
         self._seeded = [seeding.np_random() for _ in range(self.num_envs)]
         self._obs = np.zeros(self.observation_space.shape, dtype=np.uint8)
         self._ended = np.zeros(self.num_envs, dtype=bool)  # awaiting a reset (not in SAME_STEP)
+        self._never_reset = np.ones(self.num_envs, dtype=bool)
 
     @property
     def np_random(self) -> tuple[np.random.Generator, ...]:
@@ -104,12 +106,18 @@ class MazeBaseVectorEnv(VectorEnv):
                 self._seeded[i] = seeding.np_random(seeds[i])
         self._reset_games(env_ids)
         self._ended[env_ids] = False
+        self._never_reset[env_ids] = False
         return self._observe(), {}
 
     def step(
         self, actions: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
         actions = self._check_actions(actions)
+        if self._never_reset.any():
+            raise ResetNeeded(
+                f"envs {np.flatnonzero(self._never_reset).tolist()} have not been reset: call "
+                "reset() before step()"
+            )
         if self.autoreset_mode == AutoresetMode.DISABLED and self._ended.any():
             raise RuntimeError(
                 f"envs {np.flatnonzero(self._ended).tolist()} have ended: with autoreset "

@@ -12,6 +12,7 @@ from agents.learners import (
     actor_critic_loss,
     generalized_advantages,
     make_optimizer,
+    minibatches,
     normalised,
     ppo_loss,
 )
@@ -278,3 +279,16 @@ def test_success_by_case_shows_one_lost_case_of_the_door_choice():
     assert lost == [("blue", "north")]
     assert all(row["success"] == 1.0 for row in rows if (row["cue"], row["good_door"]) not in lost)
     assert sum(row["episodes"] for row in rows) == 400
+
+
+@pytest.mark.parametrize("count", [1, 5, 8, 12, 32])
+def test_minibatches_are_as_many_as_configured_and_cover_every_sequence(count):
+    """32 environments in 12 minibatches: 12 sets of 2 or 3 sequences (chunk gave 11)."""
+    sets = minibatches(32, count)
+    assert len(sets) == count
+    if count == 1:
+        assert sets == [slice(None)]
+        return
+    sizes = [len(index) for index in sets]
+    assert max(sizes) - min(sizes) <= 1
+    assert sorted(torch.cat(sets).tolist()) == list(range(32))

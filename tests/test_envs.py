@@ -300,6 +300,17 @@ def test_same_seed_same_episode_other_seed_other_map(env_id):
     assert not data_equivalence(episode(3)[-1], episode(4)[-1], exact=True)
 
 
+def test_vector_step_before_reset_is_an_error():
+    vec = make_vec(CORRIDOR, 3)
+    with pytest.raises(gym.error.ResetNeeded, match=r"envs \[0, 1, 2\] have not been reset"):
+        vec.step(np.full(3, RIGHT))
+    vec.reset(seed=0, options={"reset_mask": np.array([True, False, True])})
+    with pytest.raises(gym.error.ResetNeeded, match=r"envs \[1\]"):
+        vec.step(np.full(3, RIGHT))
+    vec.reset(seed=0)
+    vec.step(np.full(3, RIGHT))
+
+
 def test_vector_infos_follow_gymnasium_convention():
     native = make_vec(CORRIDOR, 4, min_length=2, max_length=2)  # one step east to the doors
     native.reset(seed=0)
