@@ -75,6 +75,7 @@ OUTCOMES = {  # what each env reports at the end of an episode, besides return a
     "minigrid_memory": ("success",),
 }
 ENV_META_KEYS = ("name", "id")
+RECORD_SUFFIXES = (".gif", ".mp4", ".txt")  # eval.record: frames, or an ansi trace
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -99,6 +100,10 @@ def check_config(cfg: DictConfig) -> None:
         )
     check_wandb_config(cfg.wandb)
     check_positive_int("eval.length_bins", cfg.eval.length_bins)
+    if cfg.eval.record and Path(cfg.eval.record).suffix.lower() not in RECORD_SUFFIXES:
+        raise ConfigError(
+            f"eval.record={cfg.eval.record}: use a .gif, .mp4 or .txt (ansi trace) file"
+        )
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
     check_choice("memory", cfg.memory.kind, (*KINDS, "lstm"))
@@ -448,9 +453,7 @@ def evaluate(cfg: DictConfig) -> None:
 
 def record_episode(agent: ActorCritic, env_cfg: DictConfig, path: Path, cfg: DictConfig) -> str:
     """Plays one episode in a single environment and writes its frames to `path`."""
-    suffix = path.suffix.lower()
-    if suffix not in (".gif", ".mp4", ".txt"):
-        raise ConfigError(f"eval.record={path}: use a .gif, .mp4 or .txt (ansi trace) file")
+    suffix = path.suffix.lower()  # one of RECORD_SUFFIXES (check_config)
     env = make_single_env(env_cfg, render_mode="ansi" if suffix == ".txt" else "rgb_array")
     obs, _ = env.reset(seed=cfg.seed)
     state = agent.initial_state(1)

@@ -42,6 +42,7 @@ def steps_logged(run_dir):
         ("wandb.mode=sometimes", "offline"),
         ("mode=eval", "checkpoint=PATH"),
         ("agent.minibatches=33", "at most one per environment"),
+        ("eval.record=episode.png", "use a .gif, .mp4 or .txt"),
     ],
 )
 def test_bad_config_is_a_clear_error_before_any_work(tmp_path, override, expected):
