@@ -165,6 +165,19 @@ def test_check_wandb_config_fills_defaults_and_rejects_unknown_keys():
 # --- atomic files and checkpoints -------------------------------------------------------
 
 
+def test_atomic_open_removes_what_killed_writers_left(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    dead = tmp_path / ".checkpoint.pt.99999999999.tmp"  # no such process
+    alive = tmp_path / f".checkpoint.pt.{os.getppid()}.tmp"  # a writer still at work
+    other = tmp_path / ".metrics.jsonl.99999999999.tmp"  # another file's
+    for leftover in (dead, alive, other):
+        leftover.write_bytes(b"half a checkpoint")
+    with atomic_open(path, "wb") as file:
+        file.write(b"whole")
+    assert path.read_bytes() == b"whole"
+    assert not dead.exists() and alive.exists() and other.exists()
+
+
 def test_atomic_open_keeps_old_content_when_the_write_fails(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("old\n")

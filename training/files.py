@@ -14,11 +14,12 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     """Open a temporary file next to `path`; on success fsync it and rename it over `path`.
 
     If the body raises (or the process dies), `path` keeps its previous content and the
-    temporary file is removed.
+    temporary file is removed (after a kill, by the next write of `path`).
     """
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes whole files; mode must be 'w' or 'wb', not {mode!r}")
     path = Path(path)
+    _remove_orphans(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, mode) as file:
@@ -30,6 +31,26 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def _remove_orphans(path: Path) -> None:
+    """Delete temporary files of `path` left by processes that were killed while writing."""
+    if os.name != "posix":  # the liveness check below is POSIX's
+        return
+    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = tmp.name[len(path.name) + 2 : -len(".tmp")]
+        if pid.isdigit() and not _process_exists(int(pid)):
+            tmp.unlink(missing_ok=True)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only checks that the process exists
+    except (ProcessLookupError, OverflowError):
+        return False
+    except PermissionError:
+        return True  # another user's process: leave its file alone
+    return True
 
 
 def fsync_dir(directory: str | os.PathLike) -> None:
