@@ -244,6 +244,14 @@ def test_resume_without_a_checkpoint_names_the_directory_looked_at(tmp_path):
     assert resume_checkpoint(tmp_path, resume=True)["step"] == 3
 
 
+@pytest.mark.parametrize("written", ["checkpoint.pt", "metrics.jsonl"])
+def test_a_new_run_never_overwrites_a_run_directory(tmp_path, written):
+    (tmp_path / written).write_bytes(b"an earlier run's")
+    with pytest.raises(ConfigError, match=rf"already holds a run \({written}\).*resume=true"):
+        resume_checkpoint(tmp_path, resume=False)
+    assert (tmp_path / written).read_bytes() == b"an earlier run's"
+
+
 def test_model_and_optimizer_round_trip_through_a_weights_only_checkpoint(tmp_path):
     model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4))
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)

@@ -24,6 +24,7 @@ import torch
 
 from training.config import ConfigError
 from training.files import atomic_open
+from training.metrics import METRICS_FILE
 
 CHECKPOINT_FILE = "checkpoint.pt"
 BEST_CHECKPOINT_FILE = "best.pt"  # the model at the best logged task metric (for evaluation)
@@ -88,9 +89,17 @@ def resume_checkpoint(
     """The checkpoint to continue from when `resume` is set (None otherwise).
 
     A run directory without a checkpoint is a config error: the user asked to resume a run
-    that never saved one, or pointed hydra.run.dir at the wrong place.
+    that never saved one, or pointed hydra.run.dir at the wrong place. So is a new run in a
+    directory that already holds one: it would overwrite its checkpoint and metrics.
     """
     if not resume:
+        files = (CHECKPOINT_FILE, METRICS_FILE)
+        written = [name for name in files if (Path(run_dir) / name).exists()]
+        if written:
+            raise ConfigError(
+                f"{Path(run_dir).resolve()} already holds a run ({', '.join(written)}): continue "
+                "it with resume=true, or start the new run in another hydra.run.dir"
+            )
         return None
     checkpoint = load_checkpoint(run_dir, map_location=map_location)
     if checkpoint is None:
