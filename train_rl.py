@@ -99,6 +99,15 @@ def check_config(cfg: DictConfig) -> None:
             "minibatch holds whole environment sequences, so use at most one per environment"
         )
     check_wandb_config(cfg.wandb)
+    try:  # the env checks its own keyword arguments
+        make_single_env(cfg.env).close()
+    except ValueError as error:
+        raise ConfigError(f"env={cfg.env.name}: {error}") from None
+    except TypeError as error:  # an env.* key the env does not take
+        raise ConfigError(
+            f"env={cfg.env.name}: {error}; the env.* settings other than name and id are the "
+            "environment's keyword arguments"
+        ) from None
     check_positive_int("eval.length_bins", cfg.eval.length_bins)
     if cfg.eval.record and Path(cfg.eval.record).suffix.lower() not in RECORD_SUFFIXES:
         raise ConfigError(

@@ -43,6 +43,9 @@ def steps_logged(run_dir):
         ("mode=eval", "checkpoint=PATH"),
         ("agent.minibatches=33", "at most one per environment"),
         ("eval.record=episode.png", "use a .gif, .mp4 or .txt"),
+        ("env.min_length=0", "min_length must be at least 2"),
+        ("env.min_length=300", "max_length must be at least 300"),
+        ("+env.foo=1", "unexpected keyword argument 'foo'"),
     ],
 )
 def test_bad_config_is_a_clear_error_before_any_work(tmp_path, override, expected):
