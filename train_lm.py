@@ -39,6 +39,7 @@ from training import (
     all_gather_object,
     all_reduce_mean,
     broadcast_object,
+    check_checkpoint_kind,
     check_choice,
     check_positive,
     check_positive_int,
@@ -365,6 +366,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     checkpoint = load_checkpoint(cfg.checkpoint)
     if checkpoint is None:
         raise ConfigError(f"checkpoint={cfg.checkpoint}: no checkpoint file there")
+    check_checkpoint_kind(checkpoint, "model", cfg.checkpoint, other="train_rl.py")
     trained = OmegaConf.create(checkpoint["config"])
     torch.set_num_threads(cfg.torch_threads)
     dist = DistInfo()

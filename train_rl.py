@@ -45,6 +45,7 @@ from training import (
     SpanStats,
     all_gather_object,
     all_reduce_mean,
+    check_checkpoint_kind,
     check_choice,
     check_positive,
     check_positive_int,
@@ -399,6 +400,7 @@ def evaluate(cfg: DictConfig) -> None:
     checkpoint = load_checkpoint(cfg.checkpoint)
     if checkpoint is None:
         raise ConfigError(f"checkpoint={cfg.checkpoint}: no checkpoint file there")
+    check_checkpoint_kind(checkpoint, "agent", cfg.checkpoint, other="train_lm.py")
     trained = OmegaConf.create(checkpoint["config"])
     torch.set_num_threads(cfg.torch_threads)
     vec_env = make_envs(trained.env, cfg.eval.num_envs)

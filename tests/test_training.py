@@ -27,6 +27,7 @@ from training import (
     SpanStats,
     all_reduce_mean,
     atomic_open,
+    check_checkpoint_kind,
     check_choice,
     check_positive,
     check_positive_int,
@@ -242,6 +243,24 @@ def test_resume_without_a_checkpoint_names_the_directory_looked_at(tmp_path):
     assert f"resume=true but there is no checkpoint.pt in {tmp_path.resolve()}" in str(error.value)
     save_checkpoint(tmp_path, {"step": 3})
     assert resume_checkpoint(tmp_path, resume=True)["step"] == 3
+
+
+def test_an_unreadable_checkpoint_is_a_config_error(tmp_path):
+    save_checkpoint(tmp_path, {"step": 3, "weights": torch.zeros(1000)})
+    whole = (tmp_path / "checkpoint.pt").read_bytes()
+    (tmp_path / "checkpoint.pt").write_bytes(whole[: len(whole) // 2])
+    (tmp_path / "notes.txt").write_text("hello")
+    for path in (tmp_path, tmp_path / "notes.txt"):
+        with pytest.raises(ConfigError, match="cannot be read as a checkpoint"):
+            load_checkpoint(path)
+    with pytest.raises(ConfigError, match="cannot be read as a checkpoint"):
+        resume_checkpoint(tmp_path, resume=True)
+
+
+def test_a_checkpoint_of_the_other_trainer_is_a_config_error():
+    check_checkpoint_kind({"agent": {}}, "agent", "best.pt", other="train_lm.py")
+    with pytest.raises(ConfigError, match=r"holds no 'model'.*use train_rl.py"):
+        check_checkpoint_kind({"agent": {}}, "model", "best.pt", other="train_rl.py")
 
 
 @pytest.mark.parametrize("written", ["checkpoint.pt", "metrics.jsonl"])

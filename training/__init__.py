@@ -28,6 +28,7 @@ A loop uses them in this order:
 from training.checkpoint import (
     BEST_CHECKPOINT_FILE,
     CHECKPOINT_FILE,
+    check_checkpoint_kind,
     load_checkpoint,
     resume_checkpoint,
     save_checkpoint,
@@ -87,6 +88,7 @@ __all__ = [
     "exit_on_config_error",
     "gather_parameter_digests",
     "get_run_dir",
+    "check_checkpoint_kind",
     "load_checkpoint",
     "load_run_config",
     "progress_bar",

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import os
+import pickle
 import re
 import shutil
 from collections.abc import Mapping
@@ -74,13 +75,29 @@ def save_checkpoint(
 
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any] | None:
-    """Load a checkpoint file, or RUN_DIR/checkpoint.pt when given a directory; None if absent."""
+    """Load a checkpoint file, or RUN_DIR/checkpoint.pt when given a directory; None if absent,
+    a ConfigError if it cannot be read."""
     path = Path(path)
     if path.is_dir():
         path = path / CHECKPOINT_FILE
     if not path.is_file():
         return None
-    return torch.load(path, map_location=map_location, weights_only=True)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except (KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
+        raise ConfigError(
+            f"{path} cannot be read as a checkpoint ({type(error).__name__}): it is truncated, "
+            "or not a checkpoint file"
+        ) from None
+
+
+def check_checkpoint_kind(checkpoint: Mapping[str, Any], key: str, path: Any, other: str) -> None:
+    """A checkpoint must hold `key` ("agent" for train_rl.py, "model" for train_lm.py); one
+    from the `other` trainer is a config error that says where it belongs."""
+    if key not in checkpoint:
+        raise ConfigError(
+            f"checkpoint={path} holds no {key!r}: it is not this trainer's (use {other} for it)"
+        )
 
 
 def resume_checkpoint(
