@@ -131,13 +131,13 @@ def test_span_parameters_get_their_own_learning_rate():
 
 def _adam_steps(name: str, gradients: list[float]) -> list[float]:
     """The size of each step the learner's optimizer takes on one parameter fed `gradients`."""
-    weight = torch.nn.Parameter(torch.zeros(1))
-    optimizer = make_optimizer(torch.nn.Linear(1, 1), name, lr=1.0)
-    optimizer.param_groups[0]["params"] = [weight]
+    model = torch.nn.Linear(1, 1, bias=False)
+    weight = model.weight
+    optimizer = make_optimizer(model, name, lr=1.0)
     steps = []
     for gradient in gradients:
         before = weight.item()
-        weight.grad = torch.tensor([gradient])
+        weight.grad = torch.full_like(weight, gradient)
         optimizer.step()
         steps.append(abs(weight.item() - before))
     return steps
