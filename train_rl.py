@@ -36,7 +36,13 @@ from agents.learners import (
     normalised,
     ppo_loss,
 )
-from agents.probes import TASK_METRICS, SpanProbe, success_by_case, success_by_length
+from agents.probes import (
+    TASK_METRICS,
+    SpanProbe,
+    keep_new_memories,
+    success_by_case,
+    success_by_length,
+)
 from memory import KINDS, MemoryConfig, MemoryTransformer
 from training import (
     BEST_CHECKPOINT_FILE,
@@ -409,6 +415,11 @@ def evaluate(cfg: DictConfig) -> None:
     agent.eval()
 
     corridor = trained.env.name == "corridor"
+    if cfg.eval.keep_marked and trained.memory.kind != "expire_span":
+        raise ConfigError(
+            f"eval.keep_marked sets expire-spans, but {cfg.checkpoint} is a "
+            f"memory={trained.memory.kind} agent; drop eval.keep_marked"
+        )
     probe = None
     if isinstance(agent.core, MemoryTransformer):
         probe = SpanProbe(agent.core, age_bin=math.ceil(agent.core.cfg.max_span / 10))
@@ -431,8 +442,11 @@ def evaluate(cfg: DictConfig) -> None:
         state = out.state
         memory_sizes.append(out.memory_size)
         if probe is not None:  # the memories written at this step saw `obs`
-            in_view = None if probe_word is None else obs.flatten(1, -2)[..., probe_word].any(1)
+            in_view = None if probe_word is None else obs.flatten(1, -2)[..., probe_word] != 0
+            in_view = None if in_view is None else in_view.any(1)
             probe.observe(out, in_view)
+            if cfg.eval.keep_marked and in_view is not None:
+                keep_new_memories(state, in_view, agent.core.cfg.max_span)
         next_obs, reward, terminated, truncated, info = vec_env.step(action.numpy())
         done = terminated | truncated
         stats.record(reward, done, info)
@@ -457,6 +471,7 @@ def evaluate(cfg: DictConfig) -> None:
     if probe is not None:
         result["spans"] = probe.summary()
         result["spans"]["marked_by"] = cfg.eval.probe_word if probe_word is not None else None
+        result["spans"]["marked_kept"] = bool(cfg.eval.keep_marked)
     if cfg.eval.record:
         result["record"] = record_episode(agent, trained.env, Path(cfg.eval.record), cfg)
     print(json.dumps(result))

@@ -9,6 +9,8 @@
   all other memories.
 - Spans by age: per layer and age bin (age = t - i), how many memories a query sees and
   their mean span: what the memory keeps, and for how long. For any env and memory kind.
+- Marked memories kept (`keep_new_memories`): the same agent with the marked memories' spans
+  set to L. Success that comes back is success lost to spans; what stays lost is the policy's.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import math
 import numpy as np
 import torch
 
-from memory import CoreOutput, MemoryTransformer
+from memory import CoreOutput, MemoryState, MemoryTransformer
 
 # The logged metric that says how well an agent does each task: it picks the best checkpoint
 # and is the one learning curves judge (other envs: the episode return).
@@ -55,6 +57,14 @@ def success_by_case(
                 {"cue": color, "good_door": side, "episodes": int(chosen.sum()), "success": success}
             )
     return rows
+
+
+def keep_new_memories(state: MemoryState, chosen: torch.Tensor, span: float) -> None:
+    """Sets the span of the memories the last step wrote (the last slot of every layer) to
+    ``span`` for the environments ``chosen`` (B,) bool. Step mode without gradients only."""
+    for store in state.layers:
+        new_spans = store.view().span[:, -1]
+        new_spans.masked_fill_(chosen.to(new_spans.device), span)
 
 
 class SpanProbe:

@@ -16,7 +16,7 @@ from agents.learners import (
     normalised,
     ppo_loss,
 )
-from agents.probes import success_by_case
+from agents.probes import keep_new_memories, success_by_case
 from memory import KINDS, MemoryConfig, MemoryTransformer, span_parameters
 
 OBS_SHAPE = (3, 3, 7)
@@ -279,6 +279,33 @@ def test_success_by_case_shows_one_lost_case_of_the_door_choice():
     assert lost == [("blue", "north")]
     assert all(row["success"] == 1.0 for row in rows if (row["cue"], row["good_door"]) not in lost)
     assert sum(row["episodes"] for row in rows) == 400
+
+
+def test_kept_memories_outlive_their_span_and_only_those():
+    """keep_new_memories (eval.keep_marked): the memory written at step 0 by environment 0 is
+    given span L and is still seen 10 steps later; environment 1's has expired."""
+    torch.manual_seed(0)
+    cfg = MemoryConfig(
+        kind="expire_span",
+        dim=16,
+        num_heads=2,
+        ffn_dim=32,
+        max_span=20,
+        block_len=8,
+        ramp=2,
+        init_span_fraction=0.05,
+    )  # e_i = 1
+    core = MemoryTransformer(cfg).eval()
+    with torch.inference_mode():
+        out = core.step(torch.randn(2, 16), core.initial_state(2))
+        keep_new_memories(out.state, torch.tensor([True, False]), cfg.max_span)
+        state = out.state
+        for _ in range(10):
+            state = core.step(torch.randn(2, 16), state).state
+    for layer, store in zip(core.layers, state.layers, strict=True):
+        slots = store.view()
+        seen = layer.memory.alive(slots, state.time, state.episode_begin) & (slots.position == 0)
+        assert seen.any(1).tolist() == [True, False]
 
 
 @pytest.mark.parametrize("count", [1, 5, 8, 12, 32])

@@ -185,6 +185,11 @@ def test_best_checkpoint_and_eval_probes(tmp_path):
         ages = layer["by_age"]
         assert ages[0]["age"] == "1-1" and all(row["memories_per_query"] > 0 for row in ages)
 
+    result = run([*args, "eval.keep_marked=true"], tmp_path / "eval_kept")
+    assert result.returncode == 0, result.stderr
+    kept = json.loads(result.stdout.strip().splitlines()[-1])
+    assert kept["spans"]["marked_kept"] and not outcome["spans"]["marked_kept"]
+
 
 def test_torchrun_keeps_parameters_identical_across_two_processes(tmp_path):
     run_dir = tmp_path / "run"
