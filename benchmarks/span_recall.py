@@ -8,10 +8,11 @@ at a scale that runs in a minute or two.
 
     python benchmarks/span_recall.py --steps 4000 --seed 1
     python benchmarks/span_recall.py --span-lr-scale 0.1
-    python benchmarks/span_recall.py --grace 8
 
-Prints one JSON object every --log steps: task loss, accuracy, the cue memory's span and
-the mean span of the distractors' memories, per layer, and the average memory size.
+Prints one JSON object every --log steps: task loss and accuracy of the step's batch, the
+accuracy on a fixed batch queried at d_max (the distance a span that falls short fails
+first), the cue memory's span and the mean span of the distractors' memories, per layer, and
+the average memory size. ``train`` yields the same records, for scripts.
 """
 
 from __future__ import annotations
@@ -60,7 +61,6 @@ def train(
     max_span: int = 100,
     ramp: float = 4.0,
     alpha: float = 1e-3,
-    grace: int = 0,
     lr: float = 5e-3,
     span_lr_scale: float = 1.0,
     layers: int = 1,
@@ -81,7 +81,6 @@ def train(
         block_len=length,
         ramp=ramp,
         aux_loss_coef=alpha,
-        grace=grace,
         init_span_fraction=0.5,
     )
     model = RecallModel(cfg)
@@ -127,7 +126,6 @@ def main() -> None:
     parser.add_argument("--max-span", type=int, default=100)
     parser.add_argument("--ramp", type=float, default=4.0)
     parser.add_argument("--alpha", type=float, default=1e-3, help="span penalty coefficient")
-    parser.add_argument("--grace", type=int, default=0, help="steps kept past expiry")
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--span-lr-scale", type=float, default=1.0)
     parser.add_argument("--layers", type=int, default=1)

@@ -31,9 +31,6 @@ class Segment(NamedTuple):
     keys: Tensor  # (B, H, head_dim, N)
     values: Tensor  # (B, H, N, head_dim)
     log_mask: Tensor  # (B, 1 or H, Q, N): log m_ti, -inf where the query must not look
-    # A second mask whose attention adds no value, only gradient (Expire-Span's grace:
-    # memories past expiry as if on the ramp's last step); None: no such gradient
-    shadow_log_mask: Tensor | None = None
 
 
 def log_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -50,15 +47,11 @@ def log_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 def split(segment: Segment, at: int) -> list[Segment]:
     """The segment's keys before ``at`` and from ``at`` on, as two segments."""
-    keys, values, log_m, shadow = segment
+    keys, values, log_m = segment
     return [
-        Segment(keys[..., :at], values[:, :, :at], log_m[..., :at], _cut(shadow, slice(at))),
-        Segment(keys[..., at:], values[:, :, at:], log_m[..., at:], _cut(shadow, slice(at, None))),
+        Segment(keys[..., :at], values[:, :, :at], log_m[..., :at]),
+        Segment(keys[..., at:], values[:, :, at:], log_m[..., at:]),
     ]
-
-
-def _cut(mask: Tensor | None, keys: slice) -> Tensor | None:
-    return None if mask is None else mask[..., keys]
 
 
 class MemoryAttention(nn.Module):
@@ -109,42 +102,27 @@ class MemoryAttention(nn.Module):
         if older and torch.is_grad_enabled():  # no in-place writes into autograd's tensors
             segments = segments[:-1] + split(segments[-1], older)
             older = 0
-        scores = [torch.matmul(q, segment.keys) for segment in segments]
+        scores = []
+        for segment in segments:
+            s = torch.matmul(q, segment.keys)
+            s += segment.log_mask
+            scores.append(s)
         position = self.position_term(q, width, window)
         if older:  # only without autograd
             scores[-1][..., older:] += position
         else:  # not through a view, which autograd would copy whole in the backward pass
-            scores[-1] = scores[-1] + position
-        masked = [s + segment.log_mask for s, segment in zip(scores, segments, strict=True)]
-        weights = torch.softmax(torch.cat(masked, -1), -1)  # eq. 4 through the log mask
+            scores[-1] += position
+        weights = scores[0] if len(scores) == 1 else torch.cat(scores, -1)
+        weights = torch.softmax(weights, -1)  # eq. 4 through the log mask
         if self.dropout.p > 0:
             weights = self.dropout(weights)
-        out = self.read_values(weights, segments)
-        if any(segment.shadow_log_mask is not None for segment in segments):
-            out = out + self.shadow_gradient(scores, segments)
+        if len(segments) == 1:
+            out = torch.matmul(weights, segments[0].values)
+        else:
+            parts = weights.split([s.values.shape[2] for s in segments], -1)
+            out = sum(torch.matmul(w, s.values) for w, s in zip(parts, segments, strict=True))
         out = out.transpose(1, 2).reshape(batch, length, heads * self.head_dim)
         return self.out(out)
-
-    @staticmethod
-    def read_values(weights: Tensor, segments: list[Segment]) -> Tensor:
-        """sum_i a_ti v_i over the segments' values, (B, H, Q, head_dim)."""
-        if len(segments) == 1:
-            return torch.matmul(weights, segments[0].values)
-        parts = weights.split([s.values.shape[2] for s in segments], -1)
-        return sum(torch.matmul(w, s.values) for w, s in zip(parts, segments, strict=True))
-
-    def shadow_gradient(self, scores: list[Tensor], segments: list[Segment]) -> Tensor:
-        """Zero, with the gradient of attending under the shadow masks: it reaches only what
-        the shadow masks depend on (no scores, no values)."""
-        masked = [
-            s.detach()
-            + (seg.log_mask.detach() if seg.shadow_log_mask is None else seg.shadow_log_mask)
-            for s, seg in zip(scores, segments, strict=True)
-        ]
-        weights = torch.softmax(torch.cat(masked, -1), -1)
-        detached = [seg._replace(values=seg.values.detach()) for seg in segments]
-        shadow = self.read_values(weights, detached)
-        return shadow - shadow.detach()
 
     def position_term(self, q: Tensor, width: int, window: Tensor | None) -> Tensor:
         """q_t . p_{t-i} for the last ``width`` keys, 0 where t - i >= block_len (A.1)."""

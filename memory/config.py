@@ -26,9 +26,6 @@ class MemoryConfig:
     dropout: float = 0.0  # on attention weights and on both residual branches
     ramp: float = 16.0  # R: length of the soft mask's ramp (expire_span, adaptive_span)
     aux_loss_coef: float = 5e-6  # alpha: weight of the span penalty (expire_span, adaptive_span)
-    # expire_span: memories are kept, invisible, this many steps past expiry, so that the
-    # queries that would have used them pull their spans back up (0: the paper)
-    grace: int = 0
     # Initial span as a fraction of L: sets the span predictor's bias (expire_span, A.1 "small
     # initial spans") and the initial learned span of every head (adaptive_span).
     init_span_fraction: float = 0.1
@@ -44,10 +41,6 @@ class MemoryConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"memory.{name} must be a positive integer, got {value!r}")
-        if isinstance(self.grace, bool) or not isinstance(self.grace, int) or self.grace < 0:
-            raise ValueError(
-                f"memory.grace must be a whole number of steps >= 0, got {self.grace!r}"
-            )
         if self.dim % self.num_heads != 0:
             suggestion = self.num_heads * max(1, self.dim // self.num_heads)
             raise ValueError(

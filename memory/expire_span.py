@@ -20,10 +20,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from memory.attention import log_mask
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, ramp_mask
-from memory.store import Slots
 
 
 class SpanPredictor(nn.Module):
@@ -74,7 +72,6 @@ class ExpireSpan(MemoryKind):
         super().__init__(cfg)
         self.ramp = cfg.ramp
         self.coef = cfg.aux_loss_coef
-        self.grace = cfg.grace
         self.predictor = SpanPredictor(cfg)
 
     def span(self, hidden: Tensor) -> Tensor:
@@ -88,27 +85,3 @@ class ExpireSpan(MemoryKind):
 
     def loss(self, mask: Tensor, span: Tensor | None, call: Call) -> Tensor:
         return expire_span_loss(mask, span, self.ramp, self.coef)
-
-    def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
-        if self.grace:  # kept (invisible) ``grace`` steps past expiry
-            slots = slots._replace(span=slots.span + self.grace)
-        return super().alive(slots, time, begin)
-
-    def shadow_log_mask(
-        self, mask: Tensor, visible: Tensor, slots: Slots, call: Call
-    ) -> Tensor | None:
-        """Memories at most ``grace`` steps past expiry as if on the ramp's last step.
-
-        Their m is 1/R in value, with the slope of the ramp, 1/R per step of e_i: the secant
-        of eq. 4 between "expired" and "on the ramp", so a query that would have done better
-        with the memory pulls its span up, though the ramp itself lies behind it.
-        """
-        if not (self.grace and call.recompute):
-            return None
-        relative = (slots.position - call.start).to(call.dtype)
-        kept = expire_mask(relative, slots.span + self.grace, call.offsets, self.ramp) > 0
-        past_expiry = kept & visible & (mask == 0)
-        span = slots.span[:, None, :]
-        last_step = (1 + span - span.detach()) / self.ramp  # 1/R, d/de = 1/R
-        shadow = torch.where(past_expiry, last_step, mask.detach())
-        return log_mask(shadow[:, None], call.dtype)

@@ -114,12 +114,6 @@ class MemoryKind(nn.Module):
         """The parameters that set how long memories are kept (learned spans), if any."""
         return []
 
-    def shadow_log_mask(
-        self, mask: Tensor, visible: Tensor, slots: Slots, call: Call
-    ) -> Tensor | None:
-        """A mask whose attention gives gradient but no output (``Segment``), or None."""
-        return None
-
     # --- shared machinery ------------------------------------------------------------
     def read(
         self,
@@ -146,10 +140,9 @@ class MemoryKind(nn.Module):
         if call.shortening is not None:  # the attention is shortened, not the memory
             within = self.within(slots, call)
             m = m * (within[:, None] if m.dim() == 4 else within)
-        shadow = self.shadow_log_mask(m, visible, slots, call)
         if m.dim() == 3:
             m = m[:, None]
-        segment = Segment(slots.keys, slots.values, log_mask(m, call.dtype), shadow)
+        segment = Segment(slots.keys, slots.values, log_mask(m, call.dtype))
         if not call.in_place:
             memory = self.delete(slots, call, self.alive)
         return Read([segment], *self.window_of(slots.position, call), aux_loss, count, memory)

@@ -225,29 +225,6 @@ def test_stored_memory_follows_the_spans_not_the_maximum_span():
             assert 200 <= min(fixed_state.stored_lengths()) <= 300 + 1
 
 
-def test_grace_keeps_expired_memories_but_changes_no_output():
-    """Expire-Span with grace G: memories stay stored G steps past expiry and get no attention,
-    so outputs and |C_t| are those without grace, in block mode and in step mode."""
-    fields = dict(max_span=200, ramp=4, block_len=20, init_span_fraction=0.0125)  # e_i = 2.5
-    plain, grace = make_core("expire_span", **fields), make_core("expire_span", grace=6, **fields)
-    x, starts = torch.randn(3, 40, 16), episode_starts(3, 40)
-    results = []
-    for core in (plain, grace):
-        for layer in core.layers:
-            torch.nn.init.zeros_(layer.memory.predictor.linear.weight)
-        blocked, _ = run_blocks(core, x, starts, 20)
-        with torch.no_grad():
-            stepped, _ = run_steps(core, x, starts)
-        assert (blocked - stepped).abs().max() < TOLERANCE
-        first = core(x[:, :20], core.initial_state(3))
-        results.append((blocked, first.memory_size, first.state.stored_lengths()))
-    (plain_out, plain_size, plain_stored), (grace_out, grace_size, grace_stored) = results
-    assert (plain_out - grace_out).abs().max() < TOLERANCE
-    assert plain_size == grace_size
-    # m > 0 for t - i < e + R = 6.5; kept for t - i < e + R + G = 12.5
-    assert plain_stored == [6, 6] and grace_stored == [12, 12]
-
-
 @pytest.mark.parametrize(("queries", "width"), [(4, 8), (4, 5), (3, 3), (6, 10), (1, 5)])
 def test_position_term_covers_only_distances_below_block_len(queries, width):
     """q_t . p_{t-i} for t - i < block_len, nothing for older keys (A.1); the skewed,
@@ -278,7 +255,6 @@ def test_position_term_covers_only_distances_below_block_len(queries, width):
         (dict(kind="compressive", compress_rate=300), "compress_rate"),
         (dict(compressed_span=0), "compressed_span"),
         (dict(num_layers=2.5), "num_layers"),
-        (dict(grace=-1), "grace"),
     ],
 )
 def test_config_errors_say_what_is_wrong(fields, message):

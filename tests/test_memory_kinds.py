@@ -9,11 +9,9 @@ import pytest
 import torch
 
 from memory import MemoryConfig, MemoryTransformer
-from memory.attention import MemoryAttention, Segment, log_mask
+from memory.attention import log_mask
 from memory.compressive import mean_pool
-from memory.expire_span import ExpireSpan, SpanPredictor, expire_mask, expire_span_loss
-from memory.kind import Call
-from memory.store import Slots
+from memory.expire_span import SpanPredictor, expire_mask, expire_span_loss
 
 
 @pytest.fixture(autouse=True)
@@ -79,60 +77,6 @@ def uniform_span_core(max_span: int, fraction: float, ramp: float) -> MemoryTran
     return small_core(
         "expire_span", max_span=max_span, init_span_fraction=fraction, ramp=ramp, aux_loss_coef=0.01
     )
-
-
-def test_grace_puts_memories_just_past_expiry_on_the_ramps_last_step():
-    """The shadow mask: m = 1/R with slope 1/R per step of e_i for memories at most G steps
-    past expiry, the mask itself elsewhere, and nothing without gradients."""
-    cfg = MemoryConfig(kind="expire_span", ramp=2.0, grace=3)
-    kind = ExpireSpan(cfg)
-    span = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0]], requires_grad=True)
-    position = torch.tensor([[0, 2, 4, 5, 6]])  # ages 9, 7, 5, 4, 3 at the query t = 9
-    slots = Slots(None, None, None, position, span)
-    call = Call(
-        9,
-        torch.tensor([[9]]),
-        torch.zeros(1, 1, dtype=torch.long),
-        torch.zeros(1),
-        False,
-        True,
-        None,
-        torch.float32,
-        None,
-    )
-    mask = kind.mask((position - 9).float(), span, None)  # m = clamp(1 + (1 - age) / 2)
-    visible = torch.ones(1, 1, 5, dtype=torch.bool)
-    shadow = kind.shadow_log_mask(mask, visible, slots, call).exp()[0, 0, 0]
-    # every memory has expired (age >= e + R = 3); 1 + (e + G - age) / R > 0 for ages 3 to 5
-    assert mask[0, 0].tolist() == [0.0, 0.0, 0.0, 0.0, 0.0]
-    assert shadow.tolist() == pytest.approx([0.0, 0.0, 0.5, 0.5, 0.5])
-    slope = torch.autograd.grad(shadow.sum(), span)[0]
-    assert slope[0].tolist() == pytest.approx([0.0, 0.0, 0.5, 0.5, 0.5])
-    call.recompute = False
-    assert kind.shadow_log_mask(mask, visible, slots, call) is None
-
-
-def test_grace_gradient_pulls_back_the_span_a_query_needed():
-    """Attention with an expired memory in grace: the output and the gradients of keys and
-    values are those without it; the expired memory's span gets a gradient that raises it when
-    the loss wants that memory's value, and lowers it when the loss wants it gone."""
-    torch.manual_seed(0)
-    attention = MemoryAttention(MemoryConfig(dim=8, num_heads=1, block_len=4, ramp=4.0))
-    q, keys, values = torch.randn(1, 1, 1, 8), torch.randn(1, 1, 8, 3), torch.randn(1, 1, 3, 8)
-    keys.requires_grad_(True)
-    m = torch.tensor([1.0, 0.5, 0.0])  # memory 2 has just expired
-    window = torch.tensor([[3, 2, 1]])
-    wanted = attention.out(values[0, 0, 2]).detach()  # what memory 2 would add to the output
-    plain = attention(q, [Segment(keys, values, m.log().view(1, 1, 1, 3))], 3, window)
-    plain_grad = torch.autograd.grad((plain * wanted).sum(), keys)[0]
-    for sign in (1.0, -1.0):
-        span = torch.tensor(5.0, requires_grad=True)
-        shadow = torch.stack([m[0], m[1], (1 + span - span.detach()) / 4]).log().view(1, 1, 1, 3)
-        out = attention(q, [Segment(keys, values, m.log().view(1, 1, 1, 3), shadow)], 3, window)
-        assert torch.equal(out, plain)
-        key_grad, span_grad = torch.autograd.grad((sign * out * wanted).sum(), (keys, span))
-        assert torch.allclose(key_grad, sign * plain_grad)
-        assert sign * span_grad > 0  # sign -1 (memory 2 wanted): dL/de < 0, descent raises e
 
 
 def test_expire_span_aux_loss_and_memory_size_follow_the_equations():
