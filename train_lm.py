@@ -53,7 +53,7 @@ from training import (
     progress_bar,
     rank_seed,
     restore_rng_state,
-    resume_checkpoint,
+    resumed_run,
     rng_state,
     save_checkpoint,
     save_resolved_config,
@@ -218,13 +218,13 @@ def check_divisible(name: str, value: int, dist: DistInfo) -> None:
         )
 
 
-def train(cfg: DictConfig) -> None:
+def train(cfg: DictConfig, checkpoint: dict | None) -> None:
+    """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
     dist = setup_distributed(cfg.device)
     check_divisible("batch_size", cfg.batch_size, dist)
     check_divisible("eval_batch_size", cfg.eval_batch_size, dist)
     torch.set_num_threads(cfg.torch_threads)
     run_dir = get_run_dir(dist)
-    checkpoint = resume_checkpoint(run_dir, cfg.resume)
     if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
         raise ConfigError(
             f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} process(es); "
@@ -389,11 +389,13 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
 @hydra.main(config_path="configs", config_name="lm", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> None:
-    check_config(cfg)
     if cfg.mode == "eval":
+        check_config(cfg)
         evaluate_checkpoint(cfg)
-    else:
-        train(cfg)
+        return
+    cfg, checkpoint = resumed_run(cfg)
+    check_config(cfg)
+    train(cfg, checkpoint)
 
 
 if __name__ == "__main__":

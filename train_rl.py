@@ -65,7 +65,7 @@ from training import (
     progress_bar,
     rank_seed,
     restore_rng_state,
-    resume_checkpoint,
+    resumed_run,
     rng_state,
     save_checkpoint,
     save_resolved_config,
@@ -219,12 +219,12 @@ class EpisodeStats:
         return means
 
 
-def train(cfg: DictConfig) -> None:
+def train(cfg: DictConfig, checkpoint: dict | None) -> None:
+    """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
     dist = setup_distributed(cfg.device)
     torch.set_num_threads(cfg.torch_threads)
     seed_everything(rank_seed(cfg.seed, dist.rank))
     run_dir = get_run_dir(dist)
-    checkpoint = resume_checkpoint(run_dir, cfg.resume)
     if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
         raise ConfigError(
             f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} processes; "
@@ -505,11 +505,13 @@ def record_episode(agent: ActorCritic, env_cfg: DictConfig, path: Path, cfg: Dic
 @hydra.main(config_path="configs", config_name="rl", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> None:
-    check_config(cfg)
     if cfg.mode == "eval":
+        check_config(cfg)
         evaluate(cfg)
-    else:
-        train(cfg)
+        return
+    cfg, checkpoint = resumed_run(cfg)
+    check_config(cfg)
+    train(cfg, checkpoint)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_RL
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,6 +103,29 @@ def test_target_kl_stops_the_ppo_epochs_of_an_unroll(tmp_path, target_kl, epochs
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["epochs"] for line in lines] == [epochs] * 4
     assert all(line["approx_kl"] > 0 for line in lines)
+
+
+def test_resume_continues_the_saved_config_and_refuses_to_change_it(tmp_path):
+    """resume=true takes the saved run's settings, not the command line's defaults; only
+    fields that may change (total_steps, intervals, ...) come from the command line, and an
+    override of any other field is a config error that names it."""
+    run_dir = tmp_path / "run"
+    result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    written = (run_dir / "metrics.jsonl").read_text()
+
+    result = run(["resume=true", "env.max_length=7", "num_envs=4", "wandb.mode=disabled"], run_dir)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "env.max_length=7 (the run has 5)" in result.stderr and "num_envs" not in result.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == written
+
+    total = f"total_steps={4 * STEPS_PER_UPDATE}"
+    result = run(["resume=true", total, "wandb.mode=disabled", "log_interval=2"], run_dir)
+    assert result.returncode == 0, result.stderr
+    assert steps_logged(run_dir) == [STEPS_PER_UPDATE * u for u in (1, 2, 4)]
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    assert (saved.env.max_length, saved.num_envs, saved.memory.dim) == (5, 4, 16)
+    assert (saved.total_steps, saved.log_interval) == (4 * STEPS_PER_UPDATE, 2)
 
 
 def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):

@@ -5,10 +5,11 @@ A loop uses them in this order:
     @hydra.main(...)
     @exit_on_config_error                 # ConfigError -> one line on stderr, exit code 2
     def main(cfg):
+        cfg, checkpoint = resumed_run(cfg)  # checkpoint None unless resume=true; then cfg is
+                                            # the saved run's but for RESUMABLE fields
         validate(cfg)                     # check_choice / check_positive / check_wandb_config
         dist = setup_distributed(cfg.device)
         run_dir = get_run_dir(dist)
-        checkpoint = resume_checkpoint(run_dir, cfg.resume)   # None unless resume=true
         if dist.is_main:
             save_resolved_config(run_dir, cfg)
         seed_everything(rank_seed(cfg.seed, dist.rank))
@@ -31,6 +32,8 @@ from training.checkpoint import (
     check_checkpoint_kind,
     load_checkpoint,
     resume_checkpoint,
+    resumed_config,
+    resumed_run,
     save_checkpoint,
 )
 from training.config import (
@@ -62,7 +65,13 @@ from training.metrics import (
     truncate_metrics,
 )
 from training.progress import progress_bar, set_metrics
-from training.run_dir import CONFIG_FILE, get_run_dir, load_run_config, save_resolved_config
+from training.run_dir import (
+    CONFIG_FILE,
+    command_line_overrides,
+    get_run_dir,
+    load_run_config,
+    save_resolved_config,
+)
 from training.seeding import rank_seed, restore_rng_state, rng_state, seed_everything
 
 __all__ = [
@@ -86,6 +95,7 @@ __all__ = [
     "check_wandb_config",
     "check_whole",
     "cleanup_distributed",
+    "command_line_overrides",
     "exit_on_config_error",
     "gather_parameter_digests",
     "get_run_dir",
@@ -97,6 +107,8 @@ __all__ = [
     "resolve_device",
     "restore_rng_state",
     "resume_checkpoint",
+    "resumed_config",
+    "resumed_run",
     "rng_state",
     "save_checkpoint",
     "save_resolved_config",

@@ -22,14 +22,29 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from omegaconf import DictConfig, OmegaConf
 
 from training.config import ConfigError
 from training.files import atomic_open
 from training.metrics import METRICS_FILE
+from training.run_dir import command_line_overrides, get_run_dir
 
 CHECKPOINT_FILE = "checkpoint.pt"
 BEST_CHECKPOINT_FILE = "best.pt"  # the model at the best logged task metric (for evaluation)
 _SNAPSHOT = re.compile(r"checkpoint_(\d+)\.pt")
+# Config fields a resumed run takes from the command line; the saved run's config wins for
+# every other field.
+RESUMABLE = (
+    "resume",
+    "total_steps",
+    "log_interval",
+    "checkpoint_interval",
+    "checkpoint_keep",
+    "eval_interval",
+    "device",
+    "torch_threads",
+    "wandb",
+)
 # What torch.load(weights_only=True) reads back; exact types, so e.g. numpy.float64 (a float
 # subclass that pickles as a NumPy object) is caught.
 _PLAIN_TYPES = (int, float, complex, bool, str, bytes, bytearray, type(None))
@@ -126,6 +141,45 @@ def resume_checkpoint(
             "or start a new run without resume=true"
         )
     return checkpoint
+
+
+def resumed_config(cfg: DictConfig, checkpoint: Mapping, overrides: list[str]) -> DictConfig:
+    """The config of the run `checkpoint` continues: the saved one, with the RESUMABLE fields
+    of `cfg`. A command-line override (Hydra's `key=value` strings) that would change any
+    other field is a config error naming it, since the run cannot switch settings midway."""
+    saved = OmegaConf.create(checkpoint["config"])
+    conflicts = []
+    for override in overrides:
+        key = override.lstrip("+~").split("=", 1)[0]
+        if key.split(".")[0] in RESUMABLE:
+            continue
+        now, before = _plain(OmegaConf.select(cfg, key)), _plain(OmegaConf.select(saved, key))
+        if now != before:
+            conflicts.append(f"{key}={now} (the run has {before})")
+    if conflicts:
+        raise ConfigError(
+            f"resume=true continues the saved run, but {'; '.join(conflicts)}: drop "
+            f"{'this override' if len(conflicts) == 1 else 'these overrides'}, or start a "
+            "new run in another hydra.run.dir"
+        )
+    for key in RESUMABLE:
+        if key in cfg:
+            saved[key] = cfg[key]
+    return saved
+
+
+def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
+    """The config to train with and the checkpoint to continue from (None for a new run):
+    with resume=true, the run directory's checkpoint and its run's config (`resumed_config`).
+    Called before the config is checked, so that a resumed run is checked as it will run."""
+    checkpoint = resume_checkpoint(get_run_dir(), cfg.resume)
+    if checkpoint is None:
+        return cfg, None
+    return resumed_config(cfg, checkpoint, command_line_overrides()), checkpoint
+
+
+def _plain(value: Any) -> Any:
+    return OmegaConf.to_container(value, resolve=True) if OmegaConf.is_config(value) else value
 
 
 def _snapshot(latest: Path, snapshot: Path) -> None:

@@ -32,6 +32,11 @@ def get_run_dir(dist: DistInfo | None = None) -> Path:
     return Path(run_dir)
 
 
+def command_line_overrides() -> list[str]:
+    """The `key=value` overrides the run was started with (none outside Hydra)."""
+    return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
 def save_resolved_config(run_dir: str | os.PathLike, cfg: Any) -> Path:
     """Write the config with every interpolation resolved to RUN_DIR/config.yaml, atomically."""
     path = Path(run_dir) / CONFIG_FILE
