@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import hydra
@@ -220,144 +221,150 @@ def check_divisible(name: str, value: int, dist: DistInfo) -> None:
 
 def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
-    dist = setup_distributed(cfg.device)
-    check_divisible("batch_size", cfg.batch_size, dist)
-    check_divisible("eval_batch_size", cfg.eval_batch_size, dist)
-    torch.set_num_threads(cfg.torch_threads)
-    run_dir = get_run_dir(dist)
-    if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
-        raise ConfigError(
-            f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} process(es); "
-            f"resume it with the same number, not {dist.world_size}"
-        )
-    resolve_task_paths(cfg.task)
-    data = load_data(cfg.task, dist)
-    K = cfg.memory.block_len
-    train_rows = rank_rows(cut_rows(data.train, None, cfg.batch_size, "batch_size"), dist)
-    blocks_per_epoch = train_rows.inputs.shape[1] // K
-    if blocks_per_epoch < 1:
-        raise ConfigError(
-            f"the training split ({len(data.train):,} tokens) cut into batch_size="
-            f"{cfg.batch_size} rows is shorter than one block (memory.block_len={K}); "
-            "use more data, fewer rows or shorter blocks"
-        )
-    valid_rows = cut_rows(data.valid, cfg.eval_tokens, cfg.eval_batch_size, "eval_batch_size")
-
-    seed_everything(rank_seed(cfg.seed, dist.rank))
-    model = build_model(cfg, data.vocab_size).to(dist.device)
-    learner = (
-        DistributedDataParallel(model, broadcast_buffers=False) if dist.is_distributed else model
-    )
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    first_step, state = 0, None
-    interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
-    if checkpoint is not None:
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        restore_rng_state(checkpoint["rng"][dist.rank])
-        first_step = checkpoint["step"]
-        state = load_memory_state(checkpoint["memory_state"][dist.rank], dist.device)
-        interval = checkpoint["interval"][dist.rank]
-    if dist.is_main:
-        save_resolved_config(run_dir, cfg)
-    logger = MetricsLogger(
-        run_dir, cfg, enabled=dist.is_main, resume_step=checkpoint["step"] if checkpoint else None
-    )
-    progress = progress_bar(cfg.total_steps, initial=first_step, enabled=dist.is_main)
-    task_metric = "valid_bpb" if data.metric == "bpb" else f"valid_{data.metric}"
-    tokens_per_step = cfg.batch_size * K
-    train_time, timed_steps = 0.0, 0  # this process's training time since the last log
-
-    model.train()
-    for step in range(first_step, cfg.total_steps):
-        started = time.perf_counter()
-        position = step % blocks_per_epoch
-        if position == 0:  # each row starts over from its beginning: nothing to remember
-            state = model.initial_state(train_rows.inputs.shape[0], dist.device)
-        x, y = block(train_rows, position * K, K, dist.device)
-        scored = int((y != IGNORE).sum())
-        # The loss is the mean over every rank's scored targets, as in one process: DDP
-        # averages the ranks' gradients, so each rank scales its sum by world_size / total.
-        total_scored = all_reduce_mean({"scored": scored}, dist)["scored"] * dist.world_size
-        logits, out = learner(x, state)
-        state = out.state
-        loss_sum = F.cross_entropy(
-            logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
-        )
-        loss = loss_sum * (dist.world_size / max(total_scored, 1.0)) + out.aux_loss
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(cfg, step)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(
-            model.parameters(), cfg.grad_clip if cfg.grad_clip else math.inf
-        )
-        optimizer.step()
-        for key, value in (
-            ("loss_sum", loss_sum.item()),
-            ("scored", scored),
-            ("aux_loss", float(out.aux_loss.detach())),
-            ("memory_size", out.memory_size),
-            ("grad_norm", grad_norm.item()),
-            ("steps", 1),
-        ):
-            interval[key] += value
-        train_time += time.perf_counter() - started
-        timed_steps += 1
-        done = step + 1
-        progress.update(1)
-
-        last = done == cfg.total_steps
-        record = {}
-        if done % cfg.log_interval == 0 or last:
-            means = all_reduce_mean(interval, dist)
-            steps = interval["steps"]
-            record.update(
-                train_loss=means["loss_sum"] / means["scored"] if means["scored"] else math.nan,
-                aux_loss=means["aux_loss"] / steps,
-                memory_size=means["memory_size"] / steps,
-                grad_norm=means["grad_norm"] / steps,
-                lr=learning_rate(cfg, step),
-                tokens_per_s=timed_steps * tokens_per_step / train_time,
-                epoch=done / blocks_per_epoch,
+    with ExitStack() as resources:  # closed on every way out, exceptions included
+        dist = setup_distributed(cfg.device)
+        resources.callback(cleanup_distributed)
+        check_divisible("batch_size", cfg.batch_size, dist)
+        check_divisible("eval_batch_size", cfg.eval_batch_size, dist)
+        torch.set_num_threads(cfg.torch_threads)
+        run_dir = get_run_dir(dist)
+        if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
+            raise ConfigError(
+                f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} process(es); "
+                f"resume it with the same number, not {dist.world_size}"
             )
-            if data.metric == "bpb":
-                record["train_bpb"] = record["train_loss"] / math.log(2)
-            last_block = SpanStats()  # the spans of this block's new memories, per layer
-            last_block.add(out.spans)
-            record.update(all_reduce_mean(last_block.summary(), dist))
-            interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
-            train_time, timed_steps = 0.0, 0
-        if done % cfg.eval_interval == 0 or last:
-            record.update(evaluate(model, valid_rows, data.metric, dist, "valid"))
-        if record:
-            logger.log(record, step=done)
-            shown = ("train_loss", task_metric, "memory_size")
-            set_metrics(progress, {k: record[k] for k in shown if k in record})
-        if done % cfg.checkpoint_interval == 0 or last:
-            # Every rank takes part: its RNG state, memory and interval sums are gathered.
-            rng_states = all_gather_object(rng_state(), dist)
-            memory_states = all_gather_object(memory_state_dict(state), dist)
-            intervals = all_gather_object(dict(interval), dist)
-            digests = gather_parameter_digests(model, dist)
-            if dist.is_main:
-                save_checkpoint(
-                    run_dir,
-                    {
-                        "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "step": done,
-                        "rng": rng_states,
-                        "memory_state": memory_states,
-                        "interval": intervals,
-                        "parameter_digests": digests,
-                        "vocab": list(data.vocab),
-                        "config": OmegaConf.to_container(cfg, resolve=True),
-                    },
+        resolve_task_paths(cfg.task)
+        data = load_data(cfg.task, dist)
+        K = cfg.memory.block_len
+        train_rows = rank_rows(cut_rows(data.train, None, cfg.batch_size, "batch_size"), dist)
+        blocks_per_epoch = train_rows.inputs.shape[1] // K
+        if blocks_per_epoch < 1:
+            raise ConfigError(
+                f"the training split ({len(data.train):,} tokens) cut into batch_size="
+                f"{cfg.batch_size} rows is shorter than one block (memory.block_len={K}); "
+                "use more data, fewer rows or shorter blocks"
+            )
+        valid_rows = cut_rows(data.valid, cfg.eval_tokens, cfg.eval_batch_size, "eval_batch_size")
+
+        seed_everything(rank_seed(cfg.seed, dist.rank))
+        model = build_model(cfg, data.vocab_size).to(dist.device)
+        learner = (
+            DistributedDataParallel(model, broadcast_buffers=False)
+            if dist.is_distributed
+            else model
+        )
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        first_step, state = 0, None
+        interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
+        if checkpoint is not None:
+            model.load_state_dict(checkpoint["model"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            restore_rng_state(checkpoint["rng"][dist.rank])
+            first_step = checkpoint["step"]
+            state = load_memory_state(checkpoint["memory_state"][dist.rank], dist.device)
+            interval = checkpoint["interval"][dist.rank]
+        if dist.is_main:
+            save_resolved_config(run_dir, cfg)
+        logger = MetricsLogger(
+            run_dir,
+            cfg,
+            enabled=dist.is_main,
+            resume_step=checkpoint["step"] if checkpoint else None,
+        )
+        resources.callback(logger.close)
+        progress = progress_bar(cfg.total_steps, initial=first_step, enabled=dist.is_main)
+        resources.callback(progress.close)
+        task_metric = "valid_bpb" if data.metric == "bpb" else f"valid_{data.metric}"
+        tokens_per_step = cfg.batch_size * K
+        train_time, timed_steps = 0.0, 0  # this process's training time since the last log
+
+        model.train()
+        for step in range(first_step, cfg.total_steps):
+            started = time.perf_counter()
+            position = step % blocks_per_epoch
+            if position == 0:  # each row starts over from its beginning: nothing to remember
+                state = model.initial_state(train_rows.inputs.shape[0], dist.device)
+            x, y = block(train_rows, position * K, K, dist.device)
+            scored = int((y != IGNORE).sum())
+            # The loss is the mean over every rank's scored targets, as in one process: DDP
+            # averages the ranks' gradients, so each rank scales its sum by world_size / total.
+            total_scored = all_reduce_mean({"scored": scored}, dist)["scored"] * dist.world_size
+            logits, out = learner(x, state)
+            state = out.state
+            loss_sum = F.cross_entropy(
+                logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
+            )
+            loss = loss_sum * (dist.world_size / max(total_scored, 1.0)) + out.aux_loss
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(cfg, step)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(
+                model.parameters(), cfg.grad_clip if cfg.grad_clip else math.inf
+            )
+            optimizer.step()
+            for key, value in (
+                ("loss_sum", loss_sum.item()),
+                ("scored", scored),
+                ("aux_loss", float(out.aux_loss.detach())),
+                ("memory_size", out.memory_size),
+                ("grad_norm", grad_norm.item()),
+                ("steps", 1),
+            ):
+                interval[key] += value
+            train_time += time.perf_counter() - started
+            timed_steps += 1
+            done = step + 1
+            progress.update(1)
+
+            last = done == cfg.total_steps
+            record = {}
+            if done % cfg.log_interval == 0 or last:
+                means = all_reduce_mean(interval, dist)
+                steps = interval["steps"]
+                record.update(
+                    train_loss=means["loss_sum"] / means["scored"] if means["scored"] else math.nan,
+                    aux_loss=means["aux_loss"] / steps,
+                    memory_size=means["memory_size"] / steps,
+                    grad_norm=means["grad_norm"] / steps,
+                    lr=learning_rate(cfg, step),
+                    tokens_per_s=timed_steps * tokens_per_step / train_time,
+                    epoch=done / blocks_per_epoch,
                 )
-    progress.close()
-    logger.close()
-    cleanup_distributed()
+                if data.metric == "bpb":
+                    record["train_bpb"] = record["train_loss"] / math.log(2)
+                last_block = SpanStats()  # the spans of this block's new memories, per layer
+                last_block.add(out.spans)
+                record.update(all_reduce_mean(last_block.summary(), dist))
+                interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
+                train_time, timed_steps = 0.0, 0
+            if done % cfg.eval_interval == 0 or last:
+                record.update(evaluate(model, valid_rows, data.metric, dist, "valid"))
+            if record:
+                logger.log(record, step=done)
+                shown = ("train_loss", task_metric, "memory_size")
+                set_metrics(progress, {k: record[k] for k in shown if k in record})
+            if done % cfg.checkpoint_interval == 0 or last:
+                # Every rank takes part: its RNG state, memory and interval sums are gathered.
+                rng_states = all_gather_object(rng_state(), dist)
+                memory_states = all_gather_object(memory_state_dict(state), dist)
+                intervals = all_gather_object(dict(interval), dist)
+                digests = gather_parameter_digests(model, dist)
+                if dist.is_main:
+                    save_checkpoint(
+                        run_dir,
+                        {
+                            "model": model.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "step": done,
+                            "rng": rng_states,
+                            "memory_state": memory_states,
+                            "interval": intervals,
+                            "parameter_digests": digests,
+                            "vocab": list(data.vocab),
+                            "config": OmegaConf.to_container(cfg, resolve=True),
+                        },
+                    )
 
 
 def evaluate_checkpoint(cfg: DictConfig) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import gymnasium as gym
@@ -221,183 +222,193 @@ class EpisodeStats:
 
 def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
-    dist = setup_distributed(cfg.device)
-    torch.set_num_threads(cfg.torch_threads)
-    seed_everything(rank_seed(cfg.seed, dist.rank))
-    run_dir = get_run_dir(dist)
-    if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
-        raise ConfigError(
-            f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} processes; "
-            f"resume it with as many (torchrun --nproc_per_node={len(checkpoint['rng'])})"
+    with ExitStack() as resources:  # closed on every way out, exceptions included
+        dist = setup_distributed(cfg.device)
+        resources.callback(cleanup_distributed)
+        torch.set_num_threads(cfg.torch_threads)
+        seed_everything(rank_seed(cfg.seed, dist.rank))
+        run_dir = get_run_dir(dist)
+        if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
+            raise ConfigError(
+                f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} processes; "
+                f"resume it with as many (torchrun --nproc_per_node={len(checkpoint['rng'])})"
+            )
+        B, T = cfg.num_envs, cfg.unroll_len
+        steps_per_update = B * T * dist.world_size
+        num_updates = math.ceil(cfg.total_steps / steps_per_update)
+
+        vec_env = make_envs(cfg.env, B)
+        resources.callback(vec_env.close)
+        obs, _ = vec_env.reset(seed=rank_seed(cfg.seed, dist.rank))
+        agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
+        agent.to(dist.device)
+        learner = (
+            DistributedDataParallel(agent, broadcast_buffers=False)
+            if dist.world_size > 1
+            else agent
         )
-    B, T = cfg.num_envs, cfg.unroll_len
-    steps_per_update = B * T * dist.world_size
-    num_updates = math.ceil(cfg.total_steps / steps_per_update)
-
-    vec_env = make_envs(cfg.env, B)
-    obs, _ = vec_env.reset(seed=rank_seed(cfg.seed, dist.rank))
-    agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
-    agent.to(dist.device)
-    learner = (
-        DistributedDataParallel(agent, broadcast_buffers=False) if dist.world_size > 1 else agent
-    )
-    optimizer = make_optimizer(agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale)
-
-    first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
-    if checkpoint is not None:
-        agent.load_state_dict(checkpoint["agent"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        restore_rng_state(checkpoint["rng"][dist.rank])
-        first_update, best = checkpoint["update"], checkpoint.get("best")
-    if dist.is_main:
-        save_resolved_config(run_dir, cfg)
-    logger = MetricsLogger(
-        run_dir, cfg, enabled=dist.is_main, resume_step=checkpoint["step"] if checkpoint else None
-    )
-    progress = progress_bar(
-        num_updates * steps_per_update,
-        initial=first_update * steps_per_update,
-        enabled=dist.is_main,
-    )
-
-    device = dist.device
-    obs_buf = torch.zeros(
-        (B, T, *vec_env.single_observation_space.shape), dtype=torch.uint8, device=device
-    )
-    actions = torch.zeros((B, T), dtype=torch.long, device=device)
-    log_probs, values, rewards, dones = (torch.zeros((B, T), device=device) for _ in range(4))
-    starts = torch.zeros((B, T), dtype=torch.bool, device=device)
-
-    obs = torch.as_tensor(obs, device=device)
-    episode_start = torch.ones(B, dtype=torch.bool, device=device)
-    state = agent.initial_state(B, device)
-    stats = EpisodeStats(B, cfg.env.name)
-    span_stats = SpanStats()
-    interval = {
-        "memory_size": 0.0,
-        "aux_loss": 0.0,
-        "policy_loss": 0.0,
-        "value_loss": 0.0,
-        "entropy": 0.0,
-        "approx_kl": 0.0,  # PPO: mean KL over the last epoch's minibatches (0 for A2C)
-        "epochs": 0.0,  # epochs run per unroll (fewer than agent.epochs: stopped by target_kl)
-    }
-    interval_start, updates_in_interval = time.perf_counter(), 0
-
-    for update in range(first_update, num_updates):
-        # Act for T steps in step mode; remember the memory the unroll starts from.
-        agent.eval()
-        unroll_state = state
-        memory_size = 0.0
-        for t in range(T):
-            obs_buf[:, t] = obs
-            starts[:, t] = episode_start
-            action, log_probs[:, t], values[:, t], out = agent.act(obs, state, episode_start)
-            state, actions[:, t] = out.state, action
-            memory_size += out.memory_size
-            span_stats.add(out.spans)
-            next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
-            done = terminated | truncated
-            stats.record(reward, done, info)
-            rewards[:, t] = torch.as_tensor(reward, device=device)
-            dones[:, t] = torch.as_tensor(done, device=device)
-            obs = torch.as_tensor(next_obs, device=device)
-            episode_start = torch.as_tensor(done, device=device)
-        _, _, bootstrap_value, _ = agent.act(obs, state, episode_start)  # its state is not kept
-
-        # Learn in block mode over the unroll (truncation is treated as termination).
-        agent.train()
-        advantages, returns = generalized_advantages(
-            rewards, values, dones, bootstrap_value, cfg.agent.gamma, cfg.agent.gae_lambda
+        optimizer = make_optimizer(
+            agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale
         )
-        if cfg.agent.name == "ppo":
-            advantages = normalised(advantages, returns, cfg.agent.advantage_scale)
-        epochs_run = 0
-        for _ in range(cfg.agent.epochs):
-            epochs_run, epoch_kl = epochs_run + 1, 0.0
-            for index in minibatches(B, cfg.agent.minibatches):
-                start = unroll_state if index is ALL else unroll_state.select(index)
-                logits, new_values, out = learner(obs_buf[index], start, starts[index])
-                terms = learner_loss(
-                    cfg.agent,
-                    logits,
-                    new_values,
-                    actions[index],
-                    log_probs[index],
-                    advantages[index],
-                    returns[index],
+
+        first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
+        if checkpoint is not None:
+            agent.load_state_dict(checkpoint["agent"])
+            optimizer.load_state_dict(checkpoint["optimizer"])
+            restore_rng_state(checkpoint["rng"][dist.rank])
+            first_update, best = checkpoint["update"], checkpoint.get("best")
+        if dist.is_main:
+            save_resolved_config(run_dir, cfg)
+        logger = MetricsLogger(
+            run_dir,
+            cfg,
+            enabled=dist.is_main,
+            resume_step=checkpoint["step"] if checkpoint else None,
+        )
+        resources.callback(logger.close)
+        progress = progress_bar(
+            num_updates * steps_per_update,
+            initial=first_update * steps_per_update,
+            enabled=dist.is_main,
+        )
+        resources.callback(progress.close)
+
+        device = dist.device
+        obs_buf = torch.zeros(
+            (B, T, *vec_env.single_observation_space.shape), dtype=torch.uint8, device=device
+        )
+        actions = torch.zeros((B, T), dtype=torch.long, device=device)
+        log_probs, values, rewards, dones = (torch.zeros((B, T), device=device) for _ in range(4))
+        starts = torch.zeros((B, T), dtype=torch.bool, device=device)
+
+        obs = torch.as_tensor(obs, device=device)
+        episode_start = torch.ones(B, dtype=torch.bool, device=device)
+        state = agent.initial_state(B, device)
+        stats = EpisodeStats(B, cfg.env.name)
+        span_stats = SpanStats()
+        interval = {
+            "memory_size": 0.0,
+            "aux_loss": 0.0,
+            "policy_loss": 0.0,
+            "value_loss": 0.0,
+            "entropy": 0.0,
+            "approx_kl": 0.0,  # PPO: mean KL over the last epoch's minibatches (0 for A2C)
+            "epochs": 0.0,  # epochs run per unroll (fewer than agent.epochs: stopped by target_kl)
+        }
+        interval_start, updates_in_interval = time.perf_counter(), 0
+
+        for update in range(first_update, num_updates):
+            # Act for T steps in step mode; remember the memory the unroll starts from.
+            agent.eval()
+            unroll_state = state
+            memory_size = 0.0
+            for t in range(T):
+                obs_buf[:, t] = obs
+                starts[:, t] = episode_start
+                action, log_probs[:, t], values[:, t], out = agent.act(obs, state, episode_start)
+                state, actions[:, t] = out.state, action
+                memory_size += out.memory_size
+                span_stats.add(out.spans)
+                next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
+                done = terminated | truncated
+                stats.record(reward, done, info)
+                rewards[:, t] = torch.as_tensor(reward, device=device)
+                dones[:, t] = torch.as_tensor(done, device=device)
+                obs = torch.as_tensor(next_obs, device=device)
+                episode_start = torch.as_tensor(done, device=device)
+            _, _, bootstrap_value, _ = agent.act(obs, state, episode_start)  # its state is not kept
+
+            # Learn in block mode over the unroll (truncation is treated as termination).
+            agent.train()
+            advantages, returns = generalized_advantages(
+                rewards, values, dones, bootstrap_value, cfg.agent.gamma, cfg.agent.gae_lambda
+            )
+            if cfg.agent.name == "ppo":
+                advantages = normalised(advantages, returns, cfg.agent.advantage_scale)
+            epochs_run = 0
+            for _ in range(cfg.agent.epochs):
+                epochs_run, epoch_kl = epochs_run + 1, 0.0
+                for index in minibatches(B, cfg.agent.minibatches):
+                    start = unroll_state if index is ALL else unroll_state.select(index)
+                    logits, new_values, out = learner(obs_buf[index], start, starts[index])
+                    terms = learner_loss(
+                        cfg.agent,
+                        logits,
+                        new_values,
+                        actions[index],
+                        log_probs[index],
+                        advantages[index],
+                        returns[index],
+                    )
+                    loss = terms.total(cfg.agent.value_coef, cfg.agent.entropy_coef) + out.aux_loss
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if cfg.agent.max_grad_norm:
+                        torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.agent.max_grad_norm)
+                    optimizer.step()
+                    if terms.approx_kl is not None:
+                        epoch_kl += terms.approx_kl.item() / cfg.agent.minibatches
+                # PPO: stop this unroll's epochs once the policy is target_kl away from the one
+                # that acted (decided on the mean over ranks, so that all ranks stop together).
+                target_kl = cfg.agent.get("target_kl")
+                if target_kl and all_reduce_mean({"kl": epoch_kl}, dist)["kl"] > target_kl:
+                    break
+
+            for key, value in (
+                ("memory_size", memory_size / T),
+                ("aux_loss", out.aux_loss.item()),
+                ("policy_loss", terms.policy.item()),
+                ("value_loss", terms.value.item()),
+                ("entropy", terms.entropy.item()),
+                ("approx_kl", epoch_kl),
+                ("epochs", epochs_run),
+            ):
+                interval[key] += value
+            updates_in_interval += 1
+            step = (update + 1) * steps_per_update
+            progress.update(steps_per_update)
+
+            if (update + 1) % cfg.log_interval == 0 or update + 1 == num_updates:
+                elapsed = time.perf_counter() - interval_start
+                metrics = {key: value / updates_in_interval for key, value in interval.items()}
+                metrics.update(stats.summary())
+                metrics.update(span_stats.summary())
+                metrics.update(
+                    update=update + 1, sps=updates_in_interval * steps_per_update / elapsed
                 )
-                loss = terms.total(cfg.agent.value_coef, cfg.agent.entropy_coef) + out.aux_loss
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.agent.max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.agent.max_grad_norm)
-                optimizer.step()
-                if terms.approx_kl is not None:
-                    epoch_kl += terms.approx_kl.item() / cfg.agent.minibatches
-            # PPO: stop this unroll's epochs once the policy is target_kl away from the one
-            # that acted (decided on the mean over ranks, so that all ranks stop together).
-            target_kl = cfg.agent.get("target_kl")
-            if target_kl and all_reduce_mean({"kl": epoch_kl}, dist)["kl"] > target_kl:
-                break
-
-        for key, value in (
-            ("memory_size", memory_size / T),
-            ("aux_loss", out.aux_loss.item()),
-            ("policy_loss", terms.policy.item()),
-            ("value_loss", terms.value.item()),
-            ("entropy", terms.entropy.item()),
-            ("approx_kl", epoch_kl),
-            ("epochs", epochs_run),
-        ):
-            interval[key] += value
-        updates_in_interval += 1
-        step = (update + 1) * steps_per_update
-        progress.update(steps_per_update)
-
-        if (update + 1) % cfg.log_interval == 0 or update + 1 == num_updates:
-            elapsed = time.perf_counter() - interval_start
-            metrics = {key: value / updates_in_interval for key, value in interval.items()}
-            metrics.update(stats.summary())
-            metrics.update(span_stats.summary())
-            metrics.update(update=update + 1, sps=updates_in_interval * steps_per_update / elapsed)
-            metrics = all_reduce_mean(metrics, dist)  # a collective: every rank logs here
-            logger.log(metrics, step=step)
-            set_metrics(progress, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
-            # Keep the model of the best interval so far beside the last one (the same on
-            # every rank: the metrics are averaged over ranks).
-            value = metrics[TASK_METRICS[cfg.env.name]]
-            if not math.isnan(value) and (best is None or value > best["value"]):
-                best = {"metric": TASK_METRICS[cfg.env.name], "value": value, "step": step}
+                metrics = all_reduce_mean(metrics, dist)  # a collective: every rank logs here
+                logger.log(metrics, step=step)
+                set_metrics(progress, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
+                # Keep the model of the best interval so far beside the last one (the same on
+                # every rank: the metrics are averaged over ranks).
+                value = metrics[TASK_METRICS[cfg.env.name]]
+                if not math.isnan(value) and (best is None or value > best["value"]):
+                    best = {"metric": TASK_METRICS[cfg.env.name], "value": value, "step": step}
+                    if dist.is_main:
+                        model = {"agent": agent.state_dict(), "step": step, "best": best}
+                        model["config"] = OmegaConf.to_container(cfg, resolve=True)
+                        save_checkpoint(run_dir, model, filename=BEST_CHECKPOINT_FILE)
+                interval = dict.fromkeys(interval, 0.0)
+                interval_start, updates_in_interval = time.perf_counter(), 0
+            if (update + 1) % cfg.checkpoint_interval == 0 or update + 1 == num_updates:
+                # Every rank takes part: RNG states and parameter digests are gathered.
+                rng_states = all_gather_object(rng_state(), dist)
+                digests = gather_parameter_digests(agent, dist)
                 if dist.is_main:
-                    model = {"agent": agent.state_dict(), "step": step, "best": best}
-                    model["config"] = OmegaConf.to_container(cfg, resolve=True)
-                    save_checkpoint(run_dir, model, filename=BEST_CHECKPOINT_FILE)
-            interval = dict.fromkeys(interval, 0.0)
-            interval_start, updates_in_interval = time.perf_counter(), 0
-        if (update + 1) % cfg.checkpoint_interval == 0 or update + 1 == num_updates:
-            # Every rank takes part: RNG states and parameter digests are gathered.
-            rng_states = all_gather_object(rng_state(), dist)
-            digests = gather_parameter_digests(agent, dist)
-            if dist.is_main:
-                save_checkpoint(
-                    run_dir,
-                    keep_last=cfg.checkpoint_keep,
-                    state={
-                        "agent": agent.state_dict(),
-                        "optimizer": optimizer.state_dict(),
-                        "update": update + 1,
-                        "step": step,
-                        "rng": rng_states,
-                        "parameter_digests": digests,
-                        "best": best,
-                        "config": OmegaConf.to_container(cfg, resolve=True),
-                    },
-                )
-    progress.close()
-    logger.close()
-    vec_env.close()
-    cleanup_distributed()
+                    save_checkpoint(
+                        run_dir,
+                        keep_last=cfg.checkpoint_keep,
+                        state={
+                            "agent": agent.state_dict(),
+                            "optimizer": optimizer.state_dict(),
+                            "update": update + 1,
+                            "step": step,
+                            "rng": rng_states,
+                            "parameter_digests": digests,
+                            "best": best,
+                            "config": OmegaConf.to_container(cfg, resolve=True),
+                        },
+                    )
 
 
 def evaluate(cfg: DictConfig) -> None:

@@ -4,7 +4,6 @@ resume after a kill, torchrun with two processes, the span visualisation."""
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -21,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from lm import visualize
+from scripts import load_script
 from training import ConfigError, DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,15 +44,7 @@ SMALL = [
 VOLATILE = ("tokens_per_s",)  # timing: the one metric that differs between identical runs
 
 
-def load_train_lm():
-    """train_lm.py is a script in the repository root, not a package module: load it by path."""
-    spec = importlib.util.spec_from_file_location("train_lm", ROOT / "train_lm.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-train_lm = load_train_lm()
+train_lm = load_script("train_lm")
 
 
 def command(args, run_dir, launcher=(sys.executable,)):
@@ -271,6 +263,24 @@ def test_copy_needs_a_memory_that_reaches_the_first_run(tmp_path, cache_dir):
 
 def comparable(records):
     return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
+
+
+def test_a_failing_run_closes_its_logger_and_process_group(tmp_path, cache_dir, monkeypatch):
+    """Whatever ends the training loop, W&B, the metrics file and the process group are
+    closed (here: an exception in the first update's learning-rate schedule)."""
+    closed = []
+    monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
+    monkeypatch.setattr(train_lm, "cleanup_distributed", lambda: closed.append("process group"))
+    monkeypatch.setattr(train_lm.MetricsLogger, "close", lambda self: closed.append("logger"))
+
+    def fail(*args):
+        raise RuntimeError("schedule failed")
+
+    monkeypatch.setattr(train_lm, "learning_rate", fail)
+    cfg = compose_config(*SMALL, "task=copy", f"task.cache_dir={cache_dir}", "total_steps=4")
+    with pytest.raises(RuntimeError, match="schedule failed"):
+        train_lm.train(cfg, None)
+    assert closed == ["logger", "process group"]
 
 
 def test_killed_run_resumes_exactly_where_it_stopped(tmp_path, cache_dir):

@@ -11,8 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_RL
+
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,6 +129,35 @@ def test_resume_continues_the_saved_config_and_refuses_to_change_it(tmp_path):
     saved = OmegaConf.load(run_dir / "config.yaml")
     assert (saved.env.max_length, saved.num_envs, saved.memory.dim) == (5, 4, 16)
     assert (saved.total_steps, saved.log_interval) == (4 * STEPS_PER_UPDATE, 2)
+
+
+def test_a_failing_run_closes_its_logger_envs_and_process_group(tmp_path, monkeypatch):
+    """Whatever ends the training loop, W&B and the metrics file, the environments and the
+    process group are closed (here: an exception in the learner's first update)."""
+    train_rl = load_script("train_rl")
+    closed = []
+    monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
+    monkeypatch.setattr(train_rl, "cleanup_distributed", lambda: closed.append("process group"))
+    monkeypatch.setattr(train_rl.MetricsLogger, "close", lambda self: closed.append("logger"))
+    make_envs = train_rl.make_envs
+
+    def spied_envs(*args):
+        vec_env = make_envs(*args)
+        close = vec_env.close
+        vec_env.close = lambda: (closed.append("envs"), close())
+        return vec_env
+
+    monkeypatch.setattr(train_rl, "make_envs", spied_envs)
+
+    def fail(*args, **kwargs):
+        raise RuntimeError("learner failed")
+
+    monkeypatch.setattr(train_rl, "generalized_advantages", fail)
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[*TINY_RL, f"total_steps={4 * STEPS_PER_UPDATE}"])
+    with pytest.raises(RuntimeError, match="learner failed"):
+        train_rl.train(cfg, None)
+    assert closed == ["logger", "envs", "process group"]
 
 
 def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
