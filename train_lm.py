@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -45,6 +46,7 @@ from training import (
     check_positive,
     check_positive_int,
     check_range,
+    check_run_dir_argument,
     check_wandb_config,
     cleanup_distributed,
     exit_on_config_error,
@@ -406,4 +408,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_config_error(check_run_dir_argument)(sys.argv[1:])  # before Hydra writes anything
     main()

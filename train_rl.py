@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
@@ -56,6 +57,7 @@ from training import (
     check_choice,
     check_positive,
     check_positive_int,
+    check_run_dir_argument,
     check_wandb_config,
     check_whole,
     cleanup_distributed,
@@ -526,4 +528,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_config_error(check_run_dir_argument)(sys.argv[1:])  # before Hydra writes anything
     main()

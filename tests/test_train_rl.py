@@ -131,6 +131,23 @@ def test_resume_continues_the_saved_config_and_refuses_to_change_it(tmp_path):
     assert (saved.total_steps, saved.log_interval) == (4 * STEPS_PER_UPDATE, 2)
 
 
+def test_a_rejected_command_writes_nothing_into_a_run_directory(tmp_path):
+    """A new run aimed at a finished run's directory, or at a directory that cannot exist, is
+    a one-line config error; the finished run's files, Hydra's included, stay as they were."""
+    run_dir = tmp_path / "run"
+    result = run([*TINY_RL, f"total_steps={STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    before = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    result = run([*TINY_RL, "seed=3"], run_dir)
+    assert result.returncode == 2 and "already holds a run" in result.stderr
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+
+    (tmp_path / "a_file").write_text("")
+    result = run(TINY_RL, tmp_path / "a_file" / "run")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "cannot be created or written" in result.stderr
+
+
 def test_a_failing_run_closes_its_logger_envs_and_process_group(tmp_path, monkeypatch):
     """Whatever ends the training loop, W&B and the metrics file, the environments and the
     process group are closed (here: an exception in the learner's first update)."""

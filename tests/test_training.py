@@ -32,6 +32,7 @@ from training import (
     check_positive,
     check_positive_int,
     check_range,
+    check_run_dir_argument,
     check_wandb_config,
     check_whole,
     exit_on_config_error,
@@ -179,6 +180,17 @@ def test_atomic_open_removes_what_killed_writers_left(tmp_path):
     assert not dead.exists() and alive.exists() and other.exists()
 
 
+def test_checkpoint_snapshots_left_half_written_by_killed_writers_are_removed(tmp_path):
+    """A snapshot name is written once, so its leftovers are removed by any later snapshot."""
+    dead = tmp_path / ".checkpoint_40.pt.99999999999.tmp"
+    alive = tmp_path / f".checkpoint_40.pt.{os.getppid()}.tmp"
+    for leftover in (dead, alive):
+        leftover.write_bytes(b"half a checkpoint")
+    save_checkpoint(tmp_path, {"step": 80}, keep_last=2)
+    assert (tmp_path / "checkpoint_80.pt").exists()
+    assert not dead.exists() and alive.exists()
+
+
 def test_atomic_open_keeps_old_content_when_the_write_fails(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("old\n")
@@ -269,6 +281,21 @@ def test_a_new_run_never_overwrites_a_run_directory(tmp_path, written):
     with pytest.raises(ConfigError, match=rf"already holds a run \({written}\).*resume=true"):
         resume_checkpoint(tmp_path, resume=False)
     assert (tmp_path / written).read_bytes() == b"an earlier run's"
+
+
+def test_a_run_dir_argument_that_cannot_hold_a_run_is_refused_before_hydra(tmp_path):
+    """hydra.run.dir=PATH is checked before Hydra creates it: under a file, or aimed at an
+    earlier run without resume=true, it is a config error; a new or resumed one is not."""
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(ConfigError, match="a_file is not a directory"):
+        check_run_dir_argument(["seed=1", f"hydra.run.dir={tmp_path / 'a_file' / 'run'}"])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
+    with pytest.raises(ConfigError, match="already holds a run"):
+        check_run_dir_argument([f"hydra.run.dir={tmp_path / 'run'}"])
+    check_run_dir_argument([f"hydra.run.dir={tmp_path / 'run'}", "resume=true"])
+    check_run_dir_argument([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])
+    check_run_dir_argument(["hydra.run.dir=outputs/${now:%H-%M-%S}"])  # Hydra resolves it
 
 
 def test_model_and_optimizer_round_trip_through_a_weights_only_checkpoint(tmp_path):

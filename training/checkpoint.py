@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from training.config import ConfigError
-from training.files import atomic_open
+from training.files import atomic_open, remove_orphans
 from training.metrics import METRICS_FILE
 from training.run_dir import command_line_overrides, get_run_dir
 
@@ -78,6 +78,7 @@ def save_checkpoint(
     with atomic_open(path, "wb") as file:
         torch.save(state, file)
     if keep_last:
+        remove_orphans(run_dir, "checkpoint_*.pt")  # snapshots are written once, by name
         _snapshot(path, run_dir / f"checkpoint_{step}.pt")
         snapshots = sorted(
             (int(match.group(1)), candidate)
@@ -125,13 +126,7 @@ def resume_checkpoint(
     directory that already holds one: it would overwrite its checkpoint and metrics.
     """
     if not resume:
-        files = (CHECKPOINT_FILE, METRICS_FILE)
-        written = [name for name in files if (Path(run_dir) / name).exists()]
-        if written:
-            raise ConfigError(
-                f"{Path(run_dir).resolve()} already holds a run ({', '.join(written)}): continue "
-                "it with resume=true, or start the new run in another hydra.run.dir"
-            )
+        refuse_existing_run(run_dir)
         return None
     checkpoint = load_checkpoint(run_dir, map_location=map_location)
     if checkpoint is None:
@@ -141,6 +136,36 @@ def resume_checkpoint(
             "or start a new run without resume=true"
         )
     return checkpoint
+
+
+def refuse_existing_run(run_dir: str | os.PathLike) -> None:
+    """A new run must not overwrite the checkpoint and metrics of one already in `run_dir`."""
+    written = [name for name in (CHECKPOINT_FILE, METRICS_FILE) if (Path(run_dir) / name).exists()]
+    if written:
+        raise ConfigError(
+            f"{Path(run_dir).resolve()} already holds a run ({', '.join(written)}): continue "
+            "it with resume=true, or start the new run in another hydra.run.dir"
+        )
+
+
+def check_run_dir_argument(args: list[str]) -> None:
+    """Checks a `hydra.run.dir=PATH` command-line argument before Hydra starts, which creates
+    the directory and writes `.hydra/` into it before the trainer runs: a directory that cannot
+    be created or written, or a new run aimed at an existing one, is a config error there and
+    then, with nothing written."""
+    given = [arg.split("=", 1)[1] for arg in args if arg.startswith("hydra.run.dir=")]
+    if not given or "${" in given[-1]:
+        return
+    run_dir = Path(given[-1]).expanduser().absolute()
+    existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        problem = "not a directory" if not existing.is_dir() else "not writable"
+        raise ConfigError(
+            f"hydra.run.dir={given[-1]} cannot be created or written ({existing} is {problem}); "
+            "choose another directory"
+        )
+    if "resume=true" not in args:
+        refuse_existing_run(run_dir)
 
 
 def resumed_config(cfg: DictConfig, checkpoint: Mapping, overrides: list[str]) -> DictConfig:

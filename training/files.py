@@ -19,7 +19,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_open writes whole files; mode must be 'w' or 'wb', not {mode!r}")
     path = Path(path)
-    _remove_orphans(path)
+    remove_orphans(path.parent, path.name)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, mode) as file:
@@ -33,12 +33,13 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[IO]:
     fsync_dir(path.parent)
 
 
-def _remove_orphans(path: Path) -> None:
-    """Delete temporary files of `path` left by processes that were killed while writing."""
+def remove_orphans(directory: Path, names: str) -> None:
+    """Delete the temporary files `.NAME.<pid>.tmp` of the files matching `names` (a glob) in
+    `directory` that were left by processes killed while writing them."""
     if os.name != "posix":  # the liveness check below is POSIX's
         return
-    for tmp in path.parent.glob(f".{path.name}.*.tmp"):
-        pid = tmp.name[len(path.name) + 2 : -len(".tmp")]
+    for tmp in directory.glob(f".{names}.*.tmp"):
+        pid = tmp.name.rsplit(".", 2)[-2]
         if pid.isdigit() and not _process_exists(int(pid)):
             tmp.unlink(missing_ok=True)
 
