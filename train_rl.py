@@ -3,13 +3,15 @@
 The loop reads top to bottom: check the config, build the environments and the agent, then
 repeat: act for T steps in step mode, recompute the unroll in block mode from the memory
 carried over from the previous unroll (BPTT over T), take an update (A2C) or a few (PPO),
-log, checkpoint. `mode=eval checkpoint=PATH` runs greedy episodes instead. Under
-`torchrun` every rank steps its own environments and gradients are all-reduced.
+log, checkpoint. A finished run evaluates its agent greedily (RUN_DIR/eval.json) and draws
+its learning curves (RUN_DIR/curves.png). `mode=eval checkpoint=PATH` runs greedy episodes
+instead. Under `torchrun` every rank steps its own environments and gradients are all-reduced.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 import time
@@ -27,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import envs
 from agents import ActorCritic, LSTMCore
+from agents.curves import plot_curves, run_label
 from agents.learners import (
     ADVANTAGE_SCALES,
     ALL,
@@ -48,11 +51,13 @@ from agents.probes import (
 from memory import KINDS, MemoryConfig, MemoryTransformer
 from training import (
     BEST_CHECKPOINT_FILE,
+    METRICS_FILE,
     ConfigError,
     MetricsLogger,
     SpanStats,
     all_gather_object,
     all_reduce_mean,
+    atomic_open,
     check_checkpoint_kind,
     check_choice,
     check_positive,
@@ -67,6 +72,7 @@ from training import (
     load_checkpoint,
     progress_bar,
     rank_seed,
+    read_metrics,
     restore_rng_state,
     resumed_run,
     rng_state,
@@ -86,6 +92,10 @@ OUTCOMES = {  # what each env reports at the end of an episode, besides return a
 }
 ENV_META_KEYS = ("name", "id")
 RECORD_SUFFIXES = (".gif", ".mp4", ".txt")  # eval.record: frames, or an ansi trace
+EVAL_FILE = "eval.json"  # a finished run's evaluation (eval.after_training)
+CURVES_FILE = "curves.png"  # and its learning curves
+
+log = logging.getLogger(__name__)
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -411,6 +421,31 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                             "config": OmegaConf.to_container(cfg, resolve=True),
                         },
                     )
+        progress.close()
+        if cfg.eval.after_training and dist.is_main:
+            report_trained_agent(agent, cfg, run_dir)
+
+
+def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> None:
+    """What a finished run leaves besides its checkpoints: RUN_DIR/eval.json, the trained
+    agent's evaluation (`evaluate_agent`, with the eval settings), and RUN_DIR/curves.png, its
+    learning curves (`python -m agents.curves`)."""
+    result = evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
+    with atomic_open(run_dir / EVAL_FILE, "w") as file:
+        json.dump(result, file)
+    metric = TASK_METRICS.get(cfg.env.name, "return")
+    runs = [(run_label(cfg), metric, read_metrics(run_dir / METRICS_FILE))]
+    with atomic_open(run_dir / CURVES_FILE, "wb") as file:
+        plot_curves(runs).savefig(file, format="png", dpi=110)
+    policy = "greedy" if cfg.eval.greedy else "sampled"
+    log.info(
+        "%s %s: %.3f over %d episodes (%s)",
+        policy,
+        metric,
+        result[metric],
+        result["episodes"],
+        run_dir / EVAL_FILE,
+    )
 
 
 def evaluate(cfg: DictConfig) -> None:
@@ -421,73 +456,84 @@ def evaluate(cfg: DictConfig) -> None:
         raise ConfigError(f"checkpoint={cfg.checkpoint}: no checkpoint file there")
     check_checkpoint_kind(checkpoint, "agent", cfg.checkpoint, other="train_lm.py")
     trained = OmegaConf.create(checkpoint["config"])
-    torch.set_num_threads(cfg.torch_threads)
-    vec_env = make_envs(trained.env, cfg.eval.num_envs)
-    agent = build_agent(trained, vec_env.single_observation_space, vec_env.single_action_space)
-    agent.load_state_dict(checkpoint["agent"])
-    agent.eval()
-
-    corridor = trained.env.name == "corridor"
     if cfg.eval.keep_marked and trained.memory.kind != "expire_span":
         raise ConfigError(
             f"eval.keep_marked sets expire-spans, but {cfg.checkpoint} is a "
             f"memory={trained.memory.kind} agent; drop eval.keep_marked"
         )
+    torch.set_num_threads(cfg.torch_threads)
+    single = make_single_env(trained.env)
+    agent = build_agent(trained, single.observation_space, single.action_space)
+    single.close()
+    agent.load_state_dict(checkpoint["agent"])
+    result = evaluate_agent(agent, trained.env, cfg.eval, cfg.seed)
+    result["checkpoint"] = str(cfg.checkpoint)
+    if cfg.eval.record:
+        result["record"] = record_episode(agent, trained.env, Path(cfg.eval.record), cfg)
+    print(json.dumps(result))
+
+
+def evaluate_agent(
+    agent: ActorCritic, env_cfg: DictConfig, eval_cfg: DictConfig, seed: int
+) -> dict:
+    """The outcome of `eval_cfg.episodes` episodes: success or return, memory size and, for
+    memory transformers, the span probes; on the Corridor also success by length and case."""
+    agent.eval()
+    vec_env = make_envs(env_cfg, eval_cfg.num_envs)
+    corridor = env_cfg.name == "corridor"
     probe = None
     if isinstance(agent.core, MemoryTransformer):
         probe = SpanProbe(agent.core, age_bin=math.ceil(agent.core.cfg.max_span / 10))
-    single = make_single_env(trained.env)
+    single = make_single_env(env_cfg)
     vocab = single.get_wrapper_attr("vocab")
     colors = single.unwrapped.core.cell_kinds.colors if corridor else ()
     single.close()
-    probe_word = vocab.index(cfg.eval.probe_word) if cfg.eval.probe_word in vocab else None
+    probe_word = vocab.index(eval_cfg.probe_word) if eval_cfg.probe_word in vocab else None
 
-    obs, _ = vec_env.reset(seed=cfg.seed)
-    obs = torch.as_tensor(obs)
-    episode_start = torch.ones(cfg.eval.num_envs, dtype=torch.bool)
-    state = agent.initial_state(cfg.eval.num_envs)
+    device = next(agent.parameters()).device
+    obs, _ = vec_env.reset(seed=seed)
+    obs = torch.as_tensor(obs, device=device)
+    episode_start = torch.ones(eval_cfg.num_envs, dtype=torch.bool, device=device)
+    state = agent.initial_state(eval_cfg.num_envs, device)
     layout = ("cue_color", "good_door_north")  # the Corridor's case, not averaged below
     extra = ("corridor_length", *layout) if corridor else ()
-    stats = EpisodeStats(cfg.eval.num_envs, trained.env.name, extra)
+    stats = EpisodeStats(eval_cfg.num_envs, env_cfg.name, extra)
     memory_sizes = []
-    while stats.episodes < cfg.eval.episodes:
-        action, _, _, out = agent.act(obs, state, episode_start, greedy=cfg.eval.greedy)
+    while stats.episodes < eval_cfg.episodes:
+        action, _, _, out = agent.act(obs, state, episode_start, greedy=eval_cfg.greedy)
         state = out.state
         memory_sizes.append(out.memory_size)
         if probe is not None:  # the memories written at this step saw `obs`
             in_view = None if probe_word is None else obs.flatten(1, -2)[..., probe_word] != 0
             in_view = None if in_view is None else in_view.any(1)
             probe.observe(out, in_view)
-            if cfg.eval.keep_marked and in_view is not None:
+            if eval_cfg.keep_marked and in_view is not None:
                 keep_new_memories(state, in_view, agent.core.cfg.max_span)
-        next_obs, reward, terminated, truncated, info = vec_env.step(action.numpy())
+        next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
         done = terminated | truncated
         stats.record(reward, done, info)
-        obs, episode_start = torch.as_tensor(next_obs), torch.as_tensor(done)
+        obs = torch.as_tensor(next_obs, device=device)
+        episode_start = torch.as_tensor(done, device=device)
     vec_env.close()
-    corridor_probes = {}
+    finished = stats.finished  # (summary() forgets them)
+    result = {k: v for k, v in stats.summary().items() if k not in layout}
+    result["memory_size"] = float(np.mean(memory_sizes))
     if corridor:
-        env, finished = trained.env, stats.finished
-        corridor_probes["success_by_length"] = success_by_length(
+        result["success_by_length"] = success_by_length(
             finished["corridor_length"],
             finished["success"],
-            env.min_length,
-            env.max_length,
-            cfg.eval.length_bins,
+            env_cfg.min_length,
+            env_cfg.max_length,
+            eval_cfg.length_bins,
         )
-        corridor_probes["success_by_case"] = success_by_case(
+        result["success_by_case"] = success_by_case(
             finished["cue_color"], finished["good_door_north"], finished["success"], colors
         )
-    result = {k: v for k, v in stats.summary().items() if k not in layout}
-    result.update(memory_size=float(np.mean(memory_sizes)), checkpoint=str(cfg.checkpoint))
-    result.update(corridor_probes)
     if probe is not None:
         result["spans"] = probe.summary()
-        result["spans"]["marked_by"] = cfg.eval.probe_word if probe_word is not None else None
-        result["spans"]["marked_kept"] = bool(cfg.eval.keep_marked)
-    if cfg.eval.record:
-        result["record"] = record_episode(agent, trained.env, Path(cfg.eval.record), cfg)
-    print(json.dumps(result))
+        result["spans"]["marked_by"] = eval_cfg.probe_word if probe_word is not None else None
+        result["spans"]["marked_kept"] = bool(eval_cfg.keep_marked)
+    return result
 
 
 def record_episode(agent: ActorCritic, env_cfg: DictConfig, path: Path, cfg: DictConfig) -> str:

@@ -60,6 +60,16 @@ def test_bad_config_is_a_clear_error_before_any_work(tmp_path, override, expecte
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.parametrize("env", ["corridor", "portal", "minigrid_memory"])
+def test_the_main_commands_end_in_hours_not_days(env):
+    """Each env file sets the total_steps its task was measured to need, not the paper's 100M
+    (about 24 hours for the Corridor on this CPU)."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[f"env={env}"])
+        paper = compose("rl", overrides=[f"env={env}", "total_steps=100000000"])
+    assert 1_000_000 <= cfg.total_steps <= 3_000_000 and paper.total_steps == 100_000_000
+
+
 def test_unknown_env_names_the_valid_choices(tmp_path):
     result = run(["env=corridr"], tmp_path / "run")
     assert result.returncode != 0
@@ -221,6 +231,10 @@ def test_best_checkpoint_and_eval_probes(tmp_path):
         "step": first_best["step"],
     }
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["best"] == best["best"]
+    finished = json.loads((run_dir / "eval.json").read_text())  # eval.after_training
+    assert finished["episodes"] >= 100 and 0 <= finished["success"] <= 1
+    assert sum(row["episodes"] for row in finished["success_by_case"]) == finished["episodes"]
+    assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     args = [
         "mode=eval",
