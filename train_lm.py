@@ -36,7 +36,6 @@ from memory import KINDS, MemoryConfig
 from training import (
     ConfigError,
     DistInfo,
-    MetricsLogger,
     SpanStats,
     all_gather_object,
     all_reduce_mean,
@@ -59,10 +58,10 @@ from training import (
     resumed_run,
     rng_state,
     save_checkpoint,
-    save_resolved_config,
     seed_everything,
     set_metrics,
     setup_distributed,
+    start_logging,
 )
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
@@ -265,17 +264,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             first_step = checkpoint["step"]
             state = load_memory_state(checkpoint["memory_state"][dist.rank], dist.device)
             interval = checkpoint["interval"][dist.rank]
-        if dist.is_main:
-            save_resolved_config(run_dir, cfg)
-        logger = MetricsLogger(
-            run_dir,
-            cfg,
-            enabled=dist.is_main,
-            resume_step=checkpoint["step"] if checkpoint else None,
+        logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
+        progress = resources.enter_context(
+            progress_bar(cfg.total_steps, initial=first_step, enabled=dist.is_main)
         )
-        resources.callback(logger.close)
-        progress = progress_bar(cfg.total_steps, initial=first_step, enabled=dist.is_main)
-        resources.callback(progress.close)
         task_metric = "valid_bpb" if data.metric == "bpb" else f"valid_{data.metric}"
         tokens_per_step = cfg.batch_size * K
         train_time, timed_steps = 0.0, 0  # this process's training time since the last log

@@ -53,7 +53,6 @@ from training import (
     BEST_CHECKPOINT_FILE,
     METRICS_FILE,
     ConfigError,
-    MetricsLogger,
     SpanStats,
     all_gather_object,
     all_reduce_mean,
@@ -77,10 +76,10 @@ from training import (
     resumed_run,
     rng_state,
     save_checkpoint,
-    save_resolved_config,
     seed_everything,
     set_metrics,
     setup_distributed,
+    start_logging,
 )
 
 LEARNERS = ("a2c", "ppo")
@@ -269,21 +268,14 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             optimizer.load_state_dict(checkpoint["optimizer"])
             restore_rng_state(checkpoint["rng"][dist.rank])
             first_update, best = checkpoint["update"], checkpoint.get("best")
-        if dist.is_main:
-            save_resolved_config(run_dir, cfg)
-        logger = MetricsLogger(
-            run_dir,
-            cfg,
-            enabled=dist.is_main,
-            resume_step=checkpoint["step"] if checkpoint else None,
+        logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
+        progress = resources.enter_context(
+            progress_bar(
+                num_updates * steps_per_update,
+                initial=first_update * steps_per_update,
+                enabled=dist.is_main,
+            )
         )
-        resources.callback(logger.close)
-        progress = progress_bar(
-            num_updates * steps_per_update,
-            initial=first_update * steps_per_update,
-            enabled=dist.is_main,
-        )
-        resources.callback(progress.close)
 
         device = dist.device
         obs_buf = torch.zeros(

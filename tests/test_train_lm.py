@@ -21,7 +21,7 @@ from hydra import compose, initialize_config_dir
 
 from lm import visualize
 from scripts import load_script
-from training import ConfigError, DistInfo
+from training import ConfigError, DistInfo, MetricsLogger
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_FILE = Path(argparse.__file__)  # ~100 kB of English and Python that every Python ships
@@ -271,7 +271,11 @@ def test_a_failing_run_closes_its_logger_and_process_group(tmp_path, cache_dir, 
     closed = []
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
     monkeypatch.setattr(train_lm, "cleanup_distributed", lambda: closed.append("process group"))
-    monkeypatch.setattr(train_lm.MetricsLogger, "close", lambda self: closed.append("logger"))
+    monkeypatch.setattr(
+        MetricsLogger,
+        "close",
+        lambda self, exit_code=0: closed.append(f"logger {exit_code}"),
+    )
 
     def fail(*args):
         raise RuntimeError("schedule failed")
@@ -280,7 +284,7 @@ def test_a_failing_run_closes_its_logger_and_process_group(tmp_path, cache_dir, 
     cfg = compose_config(*SMALL, "task=copy", f"task.cache_dir={cache_dir}", "total_steps=4")
     with pytest.raises(RuntimeError, match="schedule failed"):
         train_lm.train(cfg, None)
-    assert closed == ["logger", "process group"]
+    assert closed == ["logger 1", "process group"]  # W&B told the run failed
 
 
 def test_killed_run_resumes_exactly_where_it_stopped(tmp_path, cache_dir):

@@ -16,6 +16,7 @@ from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_RL
 
 from scripts import load_script
+from training import MetricsLogger
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,7 +166,11 @@ def test_a_failing_run_closes_its_logger_envs_and_process_group(tmp_path, monkey
     closed = []
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
     monkeypatch.setattr(train_rl, "cleanup_distributed", lambda: closed.append("process group"))
-    monkeypatch.setattr(train_rl.MetricsLogger, "close", lambda self: closed.append("logger"))
+    monkeypatch.setattr(
+        MetricsLogger,
+        "close",
+        lambda self, exit_code=0: closed.append(f"logger {exit_code}"),
+    )
     make_envs = train_rl.make_envs
 
     def spied_envs(*args):
@@ -184,7 +189,7 @@ def test_a_failing_run_closes_its_logger_envs_and_process_group(tmp_path, monkey
         cfg = compose("rl", overrides=[*TINY_RL, f"total_steps={4 * STEPS_PER_UPDATE}"])
     with pytest.raises(RuntimeError, match="learner failed"):
         train_rl.train(cfg, None)
-    assert closed == ["logger", "envs", "process group"]
+    assert closed == ["logger 1", "envs", "process group"]  # W&B told the run failed
 
 
 def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):

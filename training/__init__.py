@@ -8,22 +8,20 @@ A loop uses them in this order:
         cfg, checkpoint = resumed_run(cfg)  # checkpoint None unless resume=true; then cfg is
                                             # the saved run's but for RESUMABLE fields
         validate(cfg)                     # check_choice / check_positive / check_wandb_config
-        dist = setup_distributed(cfg.device)
-        run_dir = get_run_dir(dist)
-        if dist.is_main:
-            save_resolved_config(run_dir, cfg)
-        seed_everything(rank_seed(cfg.seed, dist.rank))
-        if checkpoint:                    # ... and load the model and optimizer states
-            restore_rng_state(checkpoint["rng"][dist.rank])
-        logger = MetricsLogger(run_dir, cfg, enabled=dist.is_main,
-                               resume_step=checkpoint["step"] if checkpoint else None)
-        bar = progress_bar(total_steps, initial=step, enabled=dist.is_main)
-        ...   # each log interval: logger.log(all_reduce_mean(metrics, dist), step=step)
-        ...   # each checkpoint interval, on every rank (a collective):
-        ...   #     rngs = all_gather_object(rng_state(), dist)
-        ...   # then on the main rank only:
-        ...   #     save_checkpoint(run_dir, {"step": step, "model": ..., "rng": rngs})
-        logger.close(); cleanup_distributed()
+        with ExitStack() as resources:    # closes what is opened on every way out
+            dist = setup_distributed(cfg.device)
+            resources.callback(cleanup_distributed)
+            run_dir = get_run_dir(dist)
+            seed_everything(rank_seed(cfg.seed, dist.rank))
+            if checkpoint:                # ... and load the model and optimizer states
+                restore_rng_state(checkpoint["rng"][dist.rank])
+            logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
+            bar = resources.enter_context(progress_bar(total, initial=step, enabled=dist.is_main))
+            ...  # each log interval: logger.log(all_reduce_mean(metrics, dist), step=step)
+            ...  # each checkpoint interval, on every rank (a collective):
+            ...  #     rngs = all_gather_object(rng_state(), dist)
+            ...  # then on the main rank only:
+            ...  #     save_checkpoint(run_dir, {"step": step, "model": ..., "rng": rngs})
 """
 
 from training.checkpoint import (
@@ -63,6 +61,7 @@ from training.metrics import (
     SpanStats,
     check_wandb_config,
     read_metrics,
+    start_logging,
     truncate_metrics,
 )
 from training.progress import progress_bar, set_metrics
@@ -116,6 +115,7 @@ __all__ = [
     "save_resolved_config",
     "seed_everything",
     "set_metrics",
+    "start_logging",
     "setup_distributed",
     "truncate_metrics",
 ]

@@ -18,6 +18,7 @@ import math
 import os
 import secrets
 from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.config import ConfigError, check_choice
 from training.files import atomic_open
+from training.run_dir import save_resolved_config
 
 METRICS_FILE = "metrics.jsonl"
 WANDB_ID_FILE = "wandb_run_id"
@@ -120,6 +122,22 @@ class SpanStats:
                 metrics[f"span/l{layer}_near_zero"] = near_zero / self._count
         self._count = 0
         return metrics
+
+
+def start_logging(
+    resources: ExitStack,
+    run_dir: str | os.PathLike,
+    cfg: DictConfig,
+    is_main: bool,
+    checkpoint: Mapping | None,
+) -> MetricsLogger:
+    """Writes the run's resolved config (main rank) and opens its metrics logger, continuing
+    the checkpoint's run if any; `resources` closes the logger on every way out."""
+    if is_main:
+        save_resolved_config(run_dir, cfg)
+    resume_step = checkpoint["step"] if checkpoint else None
+    logger = MetricsLogger(run_dir, cfg, enabled=is_main, resume_step=resume_step)
+    return resources.enter_context(logger)
 
 
 class MetricsLogger:
