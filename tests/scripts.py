@@ -3,6 +3,8 @@
 import importlib.util
 from pathlib import Path
 
+from training import MetricsLogger
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -12,3 +14,14 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def record_closing(monkeypatch, script) -> list[str]:
+    """Makes the metrics logger and `script`'s process group note when they are closed (in the
+    list returned); the logger notes its W&B exit code."""
+    closed = []
+    monkeypatch.setattr(script, "cleanup_distributed", lambda: closed.append("process group"))
+    monkeypatch.setattr(
+        MetricsLogger, "close", lambda self, exit_code=0: closed.append(f"logger {exit_code}")
+    )
+    return closed

@@ -20,8 +20,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from lm import visualize
-from scripts import load_script
-from training import ConfigError, DistInfo, MetricsLogger
+from scripts import load_script, record_closing
+from training import ConfigError, DistInfo
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_FILE = Path(argparse.__file__)  # ~100 kB of English and Python that every Python ships
@@ -268,14 +268,8 @@ def comparable(records):
 def test_a_failing_run_closes_its_logger_and_process_group(tmp_path, cache_dir, monkeypatch):
     """Whatever ends the training loop, W&B, the metrics file and the process group are
     closed (here: an exception in the first update's learning-rate schedule)."""
-    closed = []
+    closed = record_closing(monkeypatch, train_lm)
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
-    monkeypatch.setattr(train_lm, "cleanup_distributed", lambda: closed.append("process group"))
-    monkeypatch.setattr(
-        MetricsLogger,
-        "close",
-        lambda self, exit_code=0: closed.append(f"logger {exit_code}"),
-    )
 
     def fail(*args):
         raise RuntimeError("schedule failed")

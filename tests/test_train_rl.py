@@ -15,8 +15,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_RL
 
-from scripts import load_script
-from training import MetricsLogger
+from scripts import load_script, record_closing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -163,14 +162,8 @@ def test_a_failing_run_closes_its_logger_envs_and_process_group(tmp_path, monkey
     """Whatever ends the training loop, W&B and the metrics file, the environments and the
     process group are closed (here: an exception in the learner's first update)."""
     train_rl = load_script("train_rl")
-    closed = []
+    closed = record_closing(monkeypatch, train_rl)
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
-    monkeypatch.setattr(train_rl, "cleanup_distributed", lambda: closed.append("process group"))
-    monkeypatch.setattr(
-        MetricsLogger,
-        "close",
-        lambda self, exit_code=0: closed.append(f"logger {exit_code}"),
-    )
     make_envs = train_rl.make_envs
 
     def spied_envs(*args):
