@@ -31,8 +31,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 from lm import IGNORE, TASKS, Split, TaskData, TaskDataError, answer_accuracy, load_task
-from lm.model import LanguageModel, load_memory_state, memory_state_dict
-from memory import KINDS, MemoryConfig
+from lm.model import LanguageModel
+from memory import KINDS, MemoryConfig, MemoryState
 from training import (
     ConfigError,
     DistInfo,
@@ -262,7 +262,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             optimizer.load_state_dict(checkpoint["optimizer"])
             restore_rng_state(checkpoint["rng"][dist.rank])
             first_step = checkpoint["step"]
-            state = load_memory_state(checkpoint["memory_state"][dist.rank], dist.device)
+            state = MemoryState.from_state_dict(checkpoint["memory_state"][dist.rank], dist.device)
             interval = checkpoint["interval"][dist.rank]
         logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
         progress = resources.enter_context(
@@ -341,7 +341,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             if done % cfg.checkpoint_interval == 0 or last:
                 # Every rank takes part: its RNG state, memory and interval sums are gathered.
                 rng_states = all_gather_object(rng_state(), dist)
-                memory_states = all_gather_object(memory_state_dict(state), dist)
+                memory_states = all_gather_object(state.state_dict(), dist)
                 intervals = all_gather_object(dict(interval), dist)
                 digests = gather_parameter_digests(model, dist)
                 if dist.is_main:

@@ -17,6 +17,7 @@ import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import hydra
@@ -215,6 +216,19 @@ class EpisodeStats:
     def _add(self, key: str, values: np.ndarray) -> None:
         self.finished.setdefault(key, []).extend(values.astype(float).tolist())
 
+    def state_dict(self) -> dict[str, Any]:
+        """The running episodes and the finished ones not yet summarised, as tensors and lists."""
+        return {
+            "running_return": torch.from_numpy(self.running_return.copy()),
+            "running_length": torch.from_numpy(self.running_length.copy()),
+            "finished": {key: list(values) for key, values in self.finished.items()},
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.running_return = saved["running_return"].numpy().copy()
+        self.running_length = saved["running_length"].numpy().copy()
+        self.finished = {key: list(values) for key, values in saved["finished"].items()}
+
     @property
     def episodes(self) -> int:
         return len(self.finished.get("return", []))
@@ -300,6 +314,17 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             "epochs": 0.0,  # epochs run per unroll (fewer than agent.epochs: stopped by target_kl)
         }
         interval_start, updates_in_interval = time.perf_counter(), 0
+        if checkpoint is not None and "acting" in checkpoint:  # continue the episodes
+            saved = checkpoint["acting"][dist.rank]
+            if saved["envs"] is not None:
+                vec_env.load_state_dict(as_arrays(saved["envs"]))
+            obs, episode_start = saved["obs"].to(device), saved["episode_start"].to(device)
+            state = type(state).from_state_dict(saved["memory"], device)
+            stats.load_state_dict(saved["episodes"])
+            span_stats.load_state_dict(saved["spans"])
+            interval, updates_in_interval = saved["interval"], saved["updates_in_interval"]
+        elif checkpoint is not None:
+            log.warning("the checkpoint holds no acting state: episodes restart from the seed")
 
         for update in range(first_update, num_updates):
             # Act for T steps in step mode; remember the memory the unroll starts from.
@@ -395,8 +420,21 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 interval = dict.fromkeys(interval, 0.0)
                 interval_start, updates_in_interval = time.perf_counter(), 0
             if (update + 1) % cfg.checkpoint_interval == 0 or update + 1 == num_updates:
-                # Every rank takes part: RNG states and parameter digests are gathered.
+                # Every rank takes part: RNG states, what each rank's acting carries over and
+                # parameter digests are gathered.
                 rng_states = all_gather_object(rng_state(), dist)
+                exact_envs = hasattr(vec_env, "state_dict")  # MazeBase; MiniGrid restarts
+                acting = {
+                    "envs": as_tensors(vec_env.state_dict()) if exact_envs else None,
+                    "obs": obs.cpu(),
+                    "episode_start": episode_start.cpu(),
+                    "memory": state.state_dict(),
+                    "episodes": stats.state_dict(),
+                    "spans": span_stats.state_dict(),
+                    "interval": dict(interval),
+                    "updates_in_interval": updates_in_interval,
+                }
+                acting_states = all_gather_object(acting, dist)
                 digests = gather_parameter_digests(agent, dist)
                 if dist.is_main:
                     save_checkpoint(
@@ -408,6 +446,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                             "update": update + 1,
                             "step": step,
                             "rng": rng_states,
+                            "acting": acting_states,
                             "parameter_digests": digests,
                             "best": best,
                             "config": OmegaConf.to_container(cfg, resolve=True),
@@ -438,6 +477,28 @@ def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> 
         result["episodes"],
         run_dir / EVAL_FILE,
     )
+
+
+def as_tensors(value: Any) -> Any:
+    """`value` with its NumPy arrays as tensors, so that it loads with weights_only=True."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, dict):
+        return {key: as_tensors(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [as_tensors(item) for item in value]
+    return value
+
+
+def as_arrays(value: Any) -> Any:
+    """The inverse of `as_tensors`."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, dict):
+        return {key: as_arrays(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [as_arrays(item) for item in value]
+    return value
 
 
 def evaluate(cfg: DictConfig) -> None:

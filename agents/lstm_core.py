@@ -18,6 +18,16 @@ class LSTMState(NamedTuple):
         """The state of the batch elements ``index`` (e.g. a minibatch of environments)."""
         return LSTMState(self.h[:, index], self.c[:, index])
 
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """The state as tensors, as `memory.MemoryState.state_dict` gives it."""
+        return {"h": self.h.detach().cpu().clone(), "c": self.c.detach().cpu().clone()}
+
+    @classmethod
+    def from_state_dict(
+        cls, saved: dict[str, torch.Tensor], device: torch.device | str
+    ) -> LSTMState:
+        return cls(saved["h"].to(device), saved["c"].to(device))
+
 
 class LSTMCore(nn.Module):
     """A stack of LSTM layers that runs in block mode and step mode like

@@ -23,6 +23,8 @@ START_COL = 1
 class CorridorCore(MazeBaseCore):
     """The state and rules of a batch of Corridor games (see `CorridorEnv`)."""
 
+    state_arrays = (*MazeBaseCore.state_arrays, "length", "cue_color", "good_door_north")
+
     def __init__(
         self,
         num_envs: int,

@@ -144,6 +144,9 @@ class MazeBaseCore:
     """
 
     draw_bounds: np.ndarray
+    # The arrays that hold the games' state (the rest is layout and constants); a subclass
+    # adds its own. `state_dict` saves them, e.g. so that a training run resumes exactly.
+    state_arrays: tuple[str, ...] = ("cells", "position", "elapsed")
 
     cell_pixels = 16  # side of a cell in rgb_array frames
 
@@ -166,6 +169,15 @@ class MazeBaseCore:
         self.window = WordWindow([*cell_kinds.vocab, *extra_words], cell_kinds.words, row_stride)
         self.position = np.zeros(self.num_envs, dtype=np.int64)
         self.elapsed = np.zeros(self.num_envs, dtype=np.int64)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the state arrays of every game."""
+        return {name: getattr(self, name).copy() for name in self.state_arrays}
+
+    def load_state_dict(self, saved: dict[str, np.ndarray]) -> None:
+        """Continue the games saved by `state_dict` (written in place: views stay valid)."""
+        for name in self.state_arrays:
+            np.copyto(getattr(self, name), saved[name])
 
     def reset(self, env_ids: np.ndarray, rngs: Sequence[np.random.Generator]) -> None:
         """Start new games in `env_ids`, the k-th drawing its random numbers from `rngs[k]`."""

@@ -25,6 +25,7 @@ class PortalCore(MazeBaseCore):
     """
 
     cell_pixels = 32
+    state_arrays = (*MazeBaseCore.state_arrays, "room", "rooms_reached", "mistakes")
 
     def __init__(
         self,

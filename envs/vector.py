@@ -151,6 +151,30 @@ class MazeBaseVectorEnv(VectorEnv):
         self._ended = ended
         return self._observe(), reward, terminated, truncated, info
 
+    def state_dict(self) -> dict[str, Any]:
+        """Everything the games' futures depend on: the core's state arrays, each env's random
+        generator and seed, and which envs await a reset. NumPy arrays and plain values."""
+        return {
+            "core": self.core.state_dict(),
+            "rngs": [rng.bit_generator.state for rng, _ in self._seeded],
+            "seeds": [seed for _, seed in self._seeded],
+            "ended": self._ended.copy(),
+            "never_reset": self._never_reset.copy(),
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue from `state_dict`: the same steps give the same games as they would have."""
+        if len(saved["seeds"]) != self.num_envs:
+            raise ValueError(f"the state holds {len(saved['seeds'])} envs, not {self.num_envs}")
+        self.core.load_state_dict(saved["core"])
+        self._seeded = []
+        for state, seed in zip(saved["rngs"], saved["seeds"], strict=True):
+            rng = np.random.Generator(getattr(np.random, state["bit_generator"])())
+            rng.bit_generator.state = state
+            self._seeded.append((rng, seed))
+        self._ended = np.array(saved["ended"], dtype=bool)
+        self._never_reset = np.array(saved["never_reset"], dtype=bool)
+
     def render(self) -> tuple[str | np.ndarray, ...] | None:
         if self.render_mode is None:
             warn_no_render_mode()

@@ -197,6 +197,35 @@ class MemoryState:
             compressed=None if self.compressed is None else tuple(map(pick, self.compressed)),
         )
 
+    def state_dict(self) -> dict:
+        """The memory as tensors and plain values, for `torch.load(weights_only=True)`."""
+
+        def slots(store: SlotStore) -> list[Tensor | None]:
+            # clone: a view would save its whole (larger) buffer
+            return [None if t is None else t.detach().cpu().clone() for t in store.view()]
+
+        return {
+            "time": self.time,
+            "episode_begin": self.episode_begin.cpu().clone(),
+            "layers": [slots(store) for store in self.layers],
+            "compressed": None if self.compressed is None else [slots(s) for s in self.compressed],
+        }
+
+    @classmethod
+    def from_state_dict(cls, saved: dict, device: torch.device | str) -> MemoryState:
+        """The memory saved by `state_dict`, on `device`."""
+
+        def store(tensors: list[Tensor | None]) -> SlotStore:
+            return SlotStore.of(Slots(*(None if t is None else t.to(device) for t in tensors)))
+
+        compressed = saved["compressed"]
+        return cls(
+            time=saved["time"],
+            episode_begin=saved["episode_begin"].to(device),
+            layers=tuple(store(t) for t in saved["layers"]),
+            compressed=None if compressed is None else tuple(store(t) for t in compressed),
+        )
+
     def stored_lengths(self) -> list[int]:
         """Slots stored per layer, compressed memories included: the memory's footprint."""
         lengths = [store.length for store in self.layers]

@@ -300,6 +300,22 @@ def test_same_seed_same_episode_other_seed_other_map(env_id):
     assert not data_equivalence(episode(3)[-1], episode(4)[-1], exact=True)
 
 
+@pytest.mark.parametrize("env_id, kwargs", SMALL_GAMES)
+def test_a_vector_env_continues_from_its_state_dict(env_id, kwargs):
+    """A fresh vector env loaded with another's state_dict plays on exactly as the other does,
+    through episode ends and resets (each env's generator is part of the state)."""
+    rng = np.random.default_rng(0)
+    played = make_vec(env_id, 4, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
+    played.reset(seed=3)
+    for _ in range(30):
+        played.step(rng.integers(0, 4, 4))
+    resumed = make_vec(env_id, 4, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
+    resumed.load_state_dict(played.state_dict())
+    for _ in range(200):
+        actions = rng.integers(0, 4, 4)
+        assert data_equivalence(played.step(actions), resumed.step(actions))
+
+
 def test_vector_step_before_reset_is_an_error():
     vec = make_vec(CORRIDOR, 3)
     with pytest.raises(gym.error.ResetNeeded, match=r"envs \[0, 1, 2\] have not been reset"):

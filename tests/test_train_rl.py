@@ -105,6 +105,26 @@ def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
     assert resumed["step"] == expected[-1]
 
 
+def test_a_resumed_run_writes_what_one_unbroken_run_writes(tmp_path):
+    """RL resume is exact: the checkpoint holds the environments, the carried memory and the
+    running statistics, so a run stopped at half its steps and resumed writes the metrics
+    of the run that went straight through (checkpoints and logs out of step on purpose)."""
+    args = [*TINY_RL, "log_interval=2", "checkpoint_interval=3", "eval.after_training=false"]
+    straight, halves = tmp_path / "straight", tmp_path / "halves"
+    result = run([*args, f"total_steps={8 * STEPS_PER_UPDATE}"], straight)
+    assert result.returncode == 0, result.stderr
+    result = run([*args, f"total_steps={4 * STEPS_PER_UPDATE}"], halves)
+    assert result.returncode == 0, result.stderr
+    result = run([*args, f"total_steps={8 * STEPS_PER_UPDATE}", "resume=true"], halves)
+    assert result.returncode == 0, result.stderr
+
+    def logged(run_dir):
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if k != "sps"} for line in lines]
+
+    assert logged(halves) == logged(straight)
+
+
 @pytest.mark.parametrize("target_kl, epochs", [("null", 8), ("1e-12", 1)])
 def test_target_kl_stops_the_ppo_epochs_of_an_unroll(tmp_path, target_kl, epochs):
     """Without target_kl every unroll gets agent.epochs epochs; with a tiny one, the first

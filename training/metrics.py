@@ -109,6 +109,19 @@ class SpanStats:
             self._max = self._max.maximum(span.amax(1))
         self._count += span.shape[1]
 
+    def state_dict(self) -> dict[str, Any]:
+        """The interval's statistics so far (to resume a run within an interval)."""
+        return {
+            "count": self._count,
+            "sum": self._sum,
+            "near_zero": self._near_zero,
+            "max": self._max,
+        }
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        self._count = saved["count"]
+        self._sum, self._near_zero, self._max = saved["sum"], saved["near_zero"], saved["max"]
+
     def summary(self) -> dict[str, float]:
         """``span/l{layer}_mean``, ``_max`` and ``_near_zero`` since the last summary (empty
         when no spans were added), then forget them."""
