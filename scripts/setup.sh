@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Installs the project and its dev tools into the current Python environment.
+# Installs the project and its dev tools into the current Python environment, at the versions
+# the tests were last run against (constraints.txt; UNPINNED=1 takes the newest instead).
 # A torch that is already installed is kept; otherwise the CPU-only build is taken
 # (set TORCH_SPEC, e.g. TORCH_SPEC=torch, to choose another build).
 set -euo pipefail
@@ -8,4 +9,8 @@ python -m pip install --quiet --upgrade pip
 if ! python -c "import torch" 2>/dev/null; then
     python -m pip install --quiet "${TORCH_SPEC:-torch==2.13.0}"
 fi
-python -m pip install --quiet -e ".[dev]"
+if [ -n "${UNPINNED:-}" ]; then
+    python -m pip install --quiet -e ".[dev]"
+else
+    python -m pip install --quiet -e ".[dev]" --constraint constraints.txt
+fi
