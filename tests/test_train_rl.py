@@ -171,6 +171,11 @@ def test_a_rejected_command_writes_nothing_into_a_run_directory(tmp_path):
     result = run([*TINY_RL, "seed=3"], run_dir)
     assert result.returncode == 2 and "already holds a run" in result.stderr
     assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == before
+    result = run(
+        [*TINY_RL, "seed=3", f"total_steps={2 * STEPS_PER_UPDATE}", "overwrite=true"], run_dir
+    )
+    assert result.returncode == 0, result.stderr
+    assert steps_logged(run_dir) == [STEPS_PER_UPDATE, 2 * STEPS_PER_UPDATE]  # the new run's only
 
     (tmp_path / "a_file").write_text("")
     result = run(TINY_RL, tmp_path / "a_file" / "run")

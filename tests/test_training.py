@@ -283,6 +283,16 @@ def test_a_new_run_never_overwrites_a_run_directory(tmp_path, written):
     assert (tmp_path / written).read_bytes() == b"an earlier run's"
 
 
+def test_overwrite_deletes_the_earlier_run_and_nothing_else(tmp_path):
+    run_files = ("checkpoint.pt", "best.pt", "checkpoint_40.pt", "metrics.jsonl")
+    for name in (*run_files, "notes.txt"):
+        (tmp_path / name).write_bytes(b"an earlier run's")
+    assert resume_checkpoint(tmp_path, resume=False, overwrite=True) is None
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt"]
+    with pytest.raises(ConfigError, match="pick one"):
+        resume_checkpoint(tmp_path, resume=True, overwrite=True)
+
+
 def test_a_run_dir_argument_that_cannot_hold_a_run_is_refused_before_hydra(tmp_path):
     """hydra.run.dir=PATH is checked before Hydra creates it: under a file, or aimed at an
     earlier run without resume=true, it is a config error; a new or resumed one is not."""

@@ -36,6 +36,7 @@ _SNAPSHOT = re.compile(r"checkpoint_(\d+)\.pt")
 # every other field.
 RESUMABLE = (
     "resume",
+    "overwrite",
     "total_steps",
     "log_interval",
     "checkpoint_interval",
@@ -117,15 +118,25 @@ def check_checkpoint_kind(checkpoint: Mapping[str, Any], key: str, path: Any, ot
 
 
 def resume_checkpoint(
-    run_dir: str | os.PathLike, resume: bool, *, map_location: Any = "cpu"
+    run_dir: str | os.PathLike,
+    resume: bool,
+    *,
+    overwrite: bool = False,
+    map_location: Any = "cpu",
 ) -> dict[str, Any] | None:
     """The checkpoint to continue from when `resume` is set (None otherwise).
 
     A run directory without a checkpoint is a config error: the user asked to resume a run
     that never saved one, or pointed hydra.run.dir at the wrong place. So is a new run in a
-    directory that already holds one: it would overwrite its checkpoint and metrics.
+    directory that already holds one, unless `overwrite` says to delete that run first.
     """
+    if resume and overwrite:
+        raise ConfigError(
+            "resume=true continues the run that overwrite=true would delete: pick one"
+        )
     if not resume:
+        if overwrite:
+            delete_run(run_dir)
         refuse_existing_run(run_dir)
         return None
     checkpoint = load_checkpoint(run_dir, map_location=map_location)
@@ -138,13 +149,24 @@ def resume_checkpoint(
     return checkpoint
 
 
+def delete_run(run_dir: str | os.PathLike) -> None:
+    """Deletes the checkpoints and metrics of the run in `run_dir` (overwrite=true)."""
+    if not Path(run_dir).is_dir():
+        return
+    for path in Path(run_dir).iterdir():
+        names = (CHECKPOINT_FILE, BEST_CHECKPOINT_FILE, METRICS_FILE)
+        if path.name in names or _SNAPSHOT.fullmatch(path.name):
+            path.unlink()
+
+
 def refuse_existing_run(run_dir: str | os.PathLike) -> None:
     """A new run must not overwrite the checkpoint and metrics of one already in `run_dir`."""
     written = [name for name in (CHECKPOINT_FILE, METRICS_FILE) if (Path(run_dir) / name).exists()]
     if written:
         raise ConfigError(
             f"{Path(run_dir).resolve()} already holds a run ({', '.join(written)}): continue "
-            "it with resume=true, or start the new run in another hydra.run.dir"
+            "it with resume=true, replace it with overwrite=true, or start the new run in "
+            "another hydra.run.dir"
         )
 
 
@@ -164,7 +186,7 @@ def check_run_dir_argument(args: list[str]) -> None:
             f"hydra.run.dir={given[-1]} cannot be created or written ({existing} is {problem}); "
             "choose another directory"
         )
-    if "resume=true" not in args:
+    if "resume=true" not in args and "overwrite=true" not in args:
         refuse_existing_run(run_dir)
 
 
@@ -197,7 +219,8 @@ def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
     """The config to train with and the checkpoint to continue from (None for a new run):
     with resume=true, the run directory's checkpoint and its run's config (`resumed_config`).
     Called before the config is checked, so that a resumed run is checked as it will run."""
-    checkpoint = resume_checkpoint(get_run_dir(), cfg.resume)
+    overwrite = bool(cfg.get("overwrite", False))
+    checkpoint = resume_checkpoint(get_run_dir(), cfg.resume, overwrite=overwrite)
     if checkpoint is None:
         return cfg, None
     return resumed_config(cfg, checkpoint, command_line_overrides()), checkpoint
