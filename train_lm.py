@@ -400,5 +400,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    exit_on_config_error(check_run_dir_argument)(sys.argv[1:])  # before Hydra writes anything
+    configs = Path(__file__).parent / "configs"  # checked before Hydra writes anything:
+    exit_on_config_error(check_run_dir_argument)(sys.argv[1:], configs, "lm")
     main()

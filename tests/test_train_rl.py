@@ -145,12 +145,12 @@ def test_resume_continues_the_saved_config_and_refuses_to_change_it(tmp_path):
     run_dir = tmp_path / "run"
     result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
     assert result.returncode == 0, result.stderr
-    written = (run_dir / "metrics.jsonl").read_text()
+    written = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
 
     result = run(["resume=true", "env.max_length=7", "num_envs=4", "wandb.mode=disabled"], run_dir)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "env.max_length=7 (the run has 5)" in result.stderr and "num_envs" not in result.stderr
-    assert (run_dir / "metrics.jsonl").read_text() == written
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == written
 
     total = f"total_steps={4 * STEPS_PER_UPDATE}"
     result = run(["resume=true", total, "wandb.mode=disabled", "log_interval=2"], run_dir)

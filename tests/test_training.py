@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -295,17 +296,24 @@ def test_overwrite_deletes_the_earlier_run_and_nothing_else(tmp_path):
 
 def test_a_run_dir_argument_that_cannot_hold_a_run_is_refused_before_hydra(tmp_path):
     """hydra.run.dir=PATH is checked before Hydra creates it: under a file, or aimed at an
-    earlier run without resume=true, it is a config error; a new or resumed one is not."""
+    earlier run without resume=true, it is a config error; a new run, or one that overwrites
+    the earlier run, is not."""
+
+    def check(*args):
+        check_run_dir_argument(list(args), Path(__file__).parents[1] / "configs", "rl")
+
     (tmp_path / "a_file").write_text("")
     with pytest.raises(ConfigError, match="a_file is not a directory"):
-        check_run_dir_argument(["seed=1", f"hydra.run.dir={tmp_path / 'a_file' / 'run'}"])
+        check("seed=1", f"hydra.run.dir={tmp_path / 'a_file' / 'run'}")
     (tmp_path / "run").mkdir()
     (tmp_path / "run" / "metrics.jsonl").write_text("{}\n")
     with pytest.raises(ConfigError, match="already holds a run"):
-        check_run_dir_argument([f"hydra.run.dir={tmp_path / 'run'}"])
-    check_run_dir_argument([f"hydra.run.dir={tmp_path / 'run'}", "resume=true"])
-    check_run_dir_argument([f"hydra.run.dir={tmp_path / 'new' / 'run'}"])
-    check_run_dir_argument(["hydra.run.dir=outputs/${now:%H-%M-%S}"])  # Hydra resolves it
+        check(f"hydra.run.dir={tmp_path / 'run'}")
+    with pytest.raises(ConfigError, match="resume=true but there is no checkpoint.pt"):
+        check(f"hydra.run.dir={tmp_path / 'run'}", "resume=true")
+    check(f"hydra.run.dir={tmp_path / 'run'}", "overwrite=true")
+    check(f"hydra.run.dir={tmp_path / 'new' / 'run'}")
+    check("hydra.run.dir=outputs/${now:%H-%M-%S}")  # Hydra makes it
 
 
 def test_model_and_optimizer_round_trip_through_a_weights_only_checkpoint(tmp_path):

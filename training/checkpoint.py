@@ -22,7 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from training.config import ConfigError
 from training.files import atomic_open, remove_orphans
@@ -170,14 +173,15 @@ def refuse_existing_run(run_dir: str | os.PathLike) -> None:
         )
 
 
-def check_run_dir_argument(args: list[str]) -> None:
-    """Checks a `hydra.run.dir=PATH` command-line argument before Hydra starts, which creates
-    the directory and writes `.hydra/` into it before the trainer runs: a directory that cannot
-    be created or written, or a new run aimed at an existing one, is a config error there and
-    then, with nothing written."""
+def check_run_dir_argument(args: list[str], config_dir: Path, config_name: str) -> None:
+    """Checks a `hydra.run.dir=PATH` command line before Hydra starts, which creates the
+    directory and writes `.hydra/` into it before the trainer runs: a directory that cannot be
+    created or written, a new run aimed at an existing one, or a resume that would change the
+    saved run's settings (`resumed_config`) is a config error there and then, with nothing
+    written. `config_dir` and `config_name` are the trainer's Hydra config."""
     given = [arg.split("=", 1)[1] for arg in args if arg.startswith("hydra.run.dir=")]
-    if not given or "${" in given[-1]:
-        return
+    if not given or "${" in given[-1] or any(arg.startswith("-") for arg in args):
+        return  # Hydra's own directories, and multiruns, are Hydra's to check
     run_dir = Path(given[-1]).expanduser().absolute()
     existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
@@ -186,8 +190,18 @@ def check_run_dir_argument(args: list[str]) -> None:
             f"hydra.run.dir={given[-1]} cannot be created or written ({existing} is {problem}); "
             "choose another directory"
         )
-    if "resume=true" not in args and "overwrite=true" not in args:
-        refuse_existing_run(run_dir)
+    if "resume=true" not in args:
+        if "overwrite=true" not in args:
+            refuse_existing_run(run_dir)
+        return
+    checkpoint = resume_checkpoint(run_dir, resume=True)
+    overrides = [arg for arg in args if not arg.startswith("hydra.")]
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+            cfg = compose(config_name, overrides=overrides)
+    except (HydraException, OmegaConfBaseException):
+        return  # a malformed command line: Hydra reports it
+    resumed_config(cfg, checkpoint, overrides)
 
 
 def resumed_config(cfg: DictConfig, checkpoint: Mapping, overrides: list[str]) -> DictConfig:
