@@ -314,17 +314,17 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             "epochs": 0.0,  # epochs run per unroll (fewer than agent.epochs: stopped by target_kl)
         }
         interval_start, updates_in_interval = time.perf_counter(), 0
-        if checkpoint is not None and "acting" in checkpoint:  # continue the episodes
-            saved = checkpoint["acting"][dist.rank]
-            if saved["envs"] is not None:
-                vec_env.load_state_dict(as_arrays(saved["envs"]))
+        saved = checkpoint.get("acting") if checkpoint is not None else None
+        if saved is not None and saved[dist.rank]["envs"] is not None:  # continue the episodes
+            saved = saved[dist.rank]
+            vec_env.load_state_dict(as_arrays(saved["envs"]))
             obs, episode_start = saved["obs"].to(device), saved["episode_start"].to(device)
             state = type(state).from_state_dict(saved["memory"], device)
             stats.load_state_dict(saved["episodes"])
             span_stats.load_state_dict(saved["spans"])
             interval, updates_in_interval = saved["interval"], saved["updates_in_interval"]
-        elif checkpoint is not None:
-            log.warning("the checkpoint holds no acting state: episodes restart from the seed")
+        elif checkpoint is not None:  # (environments without a state_dict)
+            log.warning("the environments restart from their seeds: the run replays episodes")
 
         for update in range(first_update, num_updates):
             # Act for T steps in step mode; remember the memory the unroll starts from.
@@ -423,7 +423,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 # Every rank takes part: RNG states, what each rank's acting carries over and
                 # parameter digests are gathered.
                 rng_states = all_gather_object(rng_state(), dist)
-                exact_envs = hasattr(vec_env, "state_dict")  # MazeBase; MiniGrid restarts
+                exact_envs = hasattr(vec_env, "state_dict")  # a user's env may have none
                 acting = {
                     "envs": as_tensors(vec_env.state_dict()) if exact_envs else None,
                     "obs": obs.cpu(),

@@ -21,9 +21,10 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 from gymnasium import spaces
-from gymnasium.vector import AutoresetMode, VectorEnv
+from gymnasium.vector import AutoresetMode, SyncVectorEnv
 from minigrid.core.actions import Actions
 from minigrid.core.constants import COLOR_TO_IDX, IDX_TO_OBJECT
+from minigrid.core.grid import Grid
 from minigrid.envs import MemoryEnv
 
 from envs.mazebase import ACTION_NAMES, ACTIONS_HELP, check_int
@@ -108,6 +109,30 @@ class MiniGridMemoryWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
             info = {**info, "success": success}
         return self._observe(), float(reward), terminated, truncated, info
 
+    def state_dict(self) -> dict[str, Any]:
+        """The episode's state, NumPy arrays and plain values: the grid, the agent, the step
+        count, where the two end objects are, and the env's random generator."""
+        env = self.env.unwrapped
+        return {
+            "grid": env.grid.encode(),
+            "agent": np.array([*env.agent_pos, env.agent_dir, env.step_count]),
+            "ends": np.array([*env.success_pos, *env.failure_pos]),
+            "rng": env.np_random.bit_generator.state,
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue the episode saved by `state_dict` (the env must have been reset once)."""
+        env = self.env.unwrapped
+        env.grid, _ = Grid.decode(saved["grid"])
+        x, y, direction, steps = (int(v) for v in saved["agent"])
+        env.agent_pos, env.agent_dir, env.step_count = np.array([x, y]), direction, steps
+        ends = [int(v) for v in saved["ends"]]
+        env.success_pos, env.failure_pos = tuple(ends[:2]), tuple(ends[2:])
+        rng = np.random.Generator(getattr(np.random, saved["rng"]["bit_generator"])())
+        rng.bit_generator.state = saved["rng"]
+        env.np_random = rng
+        self._cells = self._encode_grid()
+
     def _encode_grid(self) -> np.ndarray:
         """The grid as flat cell codes, north row first, with `block` margins for the window."""
         encoded = self.env.unwrapped.grid.encode()  # (width, height, [object, colour, state])
@@ -128,19 +153,29 @@ def make_minigrid_memory(
     return MiniGridMemoryWrapper(gym.make(env_id, render_mode=render_mode, **kwargs), window_size)
 
 
+class MiniGridMemoryVectorEnv(SyncVectorEnv):
+    """Wrapped memory tasks stepped one after the other, with a state to resume from."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "envs": [env.state_dict() for env in self.envs],
+            "autoreset": self._autoreset_envs.copy(),
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Continue from `state_dict` (after a reset: MiniGrid's envs must have been reset)."""
+        for env, state in zip(self.envs, saved["envs"], strict=True):
+            env.load_state_dict(state)
+        self._autoreset_envs = np.array(saved["autoreset"], dtype=bool)
+
+
 def make_minigrid_memory_vec(
     env_id: str,
     num_envs: int,
     autoreset_mode: AutoresetMode | str = AutoresetMode.NEXT_STEP,
     window_size: int = 5,
     **kwargs: Any,
-) -> VectorEnv:
+) -> MiniGridMemoryVectorEnv:
     """`num_envs` wrapped memory tasks in a `SyncVectorEnv` (MiniGrid steps one env at a time)."""
-    return gym.make_vec(
-        env_id,
-        num_envs=num_envs,
-        vectorization_mode="sync",
-        wrappers=[partial(MiniGridMemoryWrapper, window_size=window_size)],
-        vector_kwargs={"autoreset_mode": AutoresetMode(autoreset_mode)},
-        **kwargs,
-    )
+    make = partial(make_minigrid_memory, env_id, window_size, **kwargs)
+    return MiniGridMemoryVectorEnv([make] * num_envs, autoreset_mode=AutoresetMode(autoreset_mode))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from functools import partial
 
 import gymnasium as gym
 import numpy as np
@@ -300,16 +301,28 @@ def test_same_seed_same_episode_other_seed_other_map(env_id):
     assert not data_equivalence(episode(3)[-1], episode(4)[-1], exact=True)
 
 
-@pytest.mark.parametrize("env_id, kwargs", SMALL_GAMES)
-def test_a_vector_env_continues_from_its_state_dict(env_id, kwargs):
-    """A fresh vector env loaded with another's state_dict plays on exactly as the other does,
+def _state_games():
+    """Factories of 4-env vector envs that autoreset in the step: the two MazeBase games and a
+    MiniGrid memory task."""
+    same_step = AutoresetMode.SAME_STEP
+    makers = [
+        partial(make_vec, env_id, 4, autoreset_mode=same_step, **kw) for env_id, kw in SMALL_GAMES
+    ]
+    makers.append(partial(envs.make_minigrid_memory_vec, "MiniGrid-MemoryS7-v0", 4, same_step))
+    return makers
+
+
+@pytest.mark.parametrize("make", _state_games(), ids=["corridor", "portal", "minigrid"])
+def test_a_vector_env_continues_from_its_state_dict(make):
+    """Another vector env loaded with one's state_dict plays on exactly as that one does,
     through episode ends and resets (each env's generator is part of the state)."""
     rng = np.random.default_rng(0)
-    played = make_vec(env_id, 4, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
+    played = make()
     played.reset(seed=3)
     for _ in range(30):
         played.step(rng.integers(0, 4, 4))
-    resumed = make_vec(env_id, 4, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs)
+    resumed = make()
+    resumed.reset(seed=99)  # a different start, overwritten by the state
     resumed.load_state_dict(played.state_dict())
     for _ in range(200):
         actions = rng.integers(0, 4, 4)
