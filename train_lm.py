@@ -401,5 +401,5 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     configs = Path(__file__).parent / "configs"  # checked before Hydra writes anything:
-    exit_on_config_error(check_run_dir_argument)(sys.argv[1:], configs, "lm")
+    exit_on_config_error(check_run_dir_argument)(sys.argv[1:], configs, "lm", check_config)
     main()

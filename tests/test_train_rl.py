@@ -151,6 +151,9 @@ def test_resume_continues_the_saved_config_and_refuses_to_change_it(tmp_path):
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "env.max_length=7 (the run has 5)" in result.stderr and "num_envs" not in result.stderr
     assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == written
+    result = run(["resume=true", "total_steps=-1", "wandb.mode=disabled"], run_dir)
+    assert result.returncode == 2 and "total_steps" in result.stderr
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == written
 
     total = f"total_steps={4 * STEPS_PER_UPDATE}"
     result = run(["resume=true", total, "wandb.mode=disabled", "log_interval=2"], run_dir)

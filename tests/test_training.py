@@ -300,7 +300,8 @@ def test_a_run_dir_argument_that_cannot_hold_a_run_is_refused_before_hydra(tmp_p
     the earlier run, is not."""
 
     def check(*args):
-        check_run_dir_argument(list(args), Path(__file__).parents[1] / "configs", "rl")
+        configs = Path(__file__).parents[1] / "configs"
+        check_run_dir_argument(list(args), configs, "rl", check=lambda cfg: None)
 
     (tmp_path / "a_file").write_text("")
     with pytest.raises(ConfigError, match="a_file is not a directory"):

@@ -17,7 +17,7 @@ import os
 import pickle
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -173,12 +173,15 @@ def refuse_existing_run(run_dir: str | os.PathLike) -> None:
         )
 
 
-def check_run_dir_argument(args: list[str], config_dir: Path, config_name: str) -> None:
+def check_run_dir_argument(
+    args: list[str], config_dir: Path, config_name: str, check: Callable[[DictConfig], None]
+) -> None:
     """Checks a `hydra.run.dir=PATH` command line before Hydra starts, which creates the
     directory and writes `.hydra/` into it before the trainer runs: a directory that cannot be
     created or written, a new run aimed at an existing one, or a resume that would change the
-    saved run's settings (`resumed_config`) is a config error there and then, with nothing
-    written. `config_dir` and `config_name` are the trainer's Hydra config."""
+    saved run's settings (`resumed_config`) or that `check` (the trainer's config check)
+    rejects is a config error there and then, with nothing written. `config_dir` and
+    `config_name` are the trainer's Hydra config."""
     given = [arg.split("=", 1)[1] for arg in args if arg.startswith("hydra.run.dir=")]
     if not given or "${" in given[-1] or any(arg.startswith("-") for arg in args):
         return  # Hydra's own directories, and multiruns, are Hydra's to check
@@ -201,7 +204,7 @@ def check_run_dir_argument(args: list[str], config_dir: Path, config_name: str) 
             cfg = compose(config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException):
         return  # a malformed command line: Hydra reports it
-    resumed_config(cfg, checkpoint, overrides)
+    check(resumed_config(cfg, checkpoint, overrides))
 
 
 def resumed_config(cfg: DictConfig, checkpoint: Mapping, overrides: list[str]) -> DictConfig:
