@@ -314,9 +314,9 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             "epochs": 0.0,  # epochs run per unroll (fewer than agent.epochs: stopped by target_kl)
         }
         interval_start, updates_in_interval = time.perf_counter(), 0
-        saved = checkpoint.get("acting") if checkpoint is not None else None
-        if saved is not None and saved[dist.rank]["envs"] is not None:  # continue the episodes
-            saved = saved[dist.rank]
+        acting = checkpoint.get("acting") if checkpoint is not None else None
+        if acting is not None and acting[dist.rank]["envs"] is not None:  # continue the episodes
+            saved = acting[dist.rank]
             vec_env.load_state_dict(as_arrays(saved["envs"]))
             obs, episode_start = saved["obs"].to(device), saved["episode_start"].to(device)
             state = type(state).from_state_dict(saved["memory"], device)
@@ -424,7 +424,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 # parameter digests are gathered.
                 rng_states = all_gather_object(rng_state(), dist)
                 exact_envs = hasattr(vec_env, "state_dict")  # a user's env may have none
-                acting = {
+                carried = {
                     "envs": as_tensors(vec_env.state_dict()) if exact_envs else None,
                     "obs": obs.cpu(),
                     "episode_start": episode_start.cpu(),
@@ -434,7 +434,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                     "interval": dict(interval),
                     "updates_in_interval": updates_in_interval,
                 }
-                acting_states = all_gather_object(acting, dist)
+                carried_states = all_gather_object(carried, dist)
                 digests = gather_parameter_digests(agent, dist)
                 if dist.is_main:
                     save_checkpoint(
@@ -446,7 +446,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                             "update": update + 1,
                             "step": step,
                             "rng": rng_states,
-                            "acting": acting_states,
+                            "acting": carried_states,
                             "parameter_digests": digests,
                             "best": best,
                             "config": OmegaConf.to_container(cfg, resolve=True),
