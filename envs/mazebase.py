@@ -46,6 +46,13 @@ def check_int(name: str, value: Any, minimum: int, reason: str = "") -> int:
     return int(value)
 
 
+def generator_from_state(state: dict[str, Any]) -> np.random.Generator:
+    """A NumPy generator continuing from `state`, a `bit_generator.state` saved earlier."""
+    generator = np.random.Generator(getattr(np.random, state["bit_generator"])())
+    generator.bit_generator.state = state
+    return generator
+
+
 def check_palette(colors: Sequence[str]) -> tuple[str, ...]:
     """The palette as a tuple: at least two distinct known colours (two doors differ)."""
     if isinstance(colors, str):

@@ -27,7 +27,7 @@ from minigrid.core.constants import COLOR_TO_IDX, IDX_TO_OBJECT
 from minigrid.core.grid import Grid
 from minigrid.envs import MemoryEnv
 
-from envs.mazebase import ACTION_NAMES, ACTIONS_HELP, check_int
+from envs.mazebase import ACTION_NAMES, ACTIONS_HELP, check_int, generator_from_state
 from envs.words import WordWindow
 
 OBJECT_WORDS = ("floor", "door", "key", "ball", "box", "goal", "lava")
@@ -128,9 +128,7 @@ class MiniGridMemoryWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         env.agent_pos, env.agent_dir, env.step_count = np.array([x, y]), direction, steps
         ends = [int(v) for v in saved["ends"]]
         env.success_pos, env.failure_pos = tuple(ends[:2]), tuple(ends[2:])
-        rng = np.random.Generator(getattr(np.random, saved["rng"]["bit_generator"])())
-        rng.bit_generator.state = saved["rng"]
-        env.np_random = rng
+        env.np_random = generator_from_state(saved["rng"])
         self._cells = self._encode_grid()
 
     def _encode_grid(self) -> np.ndarray:

@@ -26,6 +26,7 @@ from envs.mazebase import (
     RENDER_MODES,
     MazeBaseCore,
     check_render_mode,
+    generator_from_state,
     warn_no_render_mode,
 )
 
@@ -167,11 +168,10 @@ class MazeBaseVectorEnv(VectorEnv):
         if len(saved["seeds"]) != self.num_envs:
             raise ValueError(f"the state holds {len(saved['seeds'])} envs, not {self.num_envs}")
         self.core.load_state_dict(saved["core"])
-        self._seeded = []
-        for state, seed in zip(saved["rngs"], saved["seeds"], strict=True):
-            rng = np.random.Generator(getattr(np.random, state["bit_generator"])())
-            rng.bit_generator.state = state
-            self._seeded.append((rng, seed))
+        self._seeded = [
+            (generator_from_state(state), seed)
+            for state, seed in zip(saved["rngs"], saved["seeds"], strict=True)
+        ]
         self._ended = np.array(saved["ended"], dtype=bool)
         self._never_reset = np.array(saved["never_reset"], dtype=bool)
 

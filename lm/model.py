@@ -4,8 +4,8 @@ The same `memory.MemoryTransformer` that the RL agents use; here it reads one bl
 tokens per call and carries its memory (detached) from block to block, so a model sees
 further back than its block, as far as its memory kind keeps things.
 
-`memory_state_dict` / `load_memory_state` turn that carried memory into tensors and plain
-values and back, so a checkpoint can hold it and a resumed run continues exactly.
+`MemoryState.state_dict` / `MemoryState.from_state_dict` turn that carried memory into tensors
+and plain values and back, so a checkpoint can hold it and a resumed run continues exactly.
 """
 
 from __future__ import annotations

@@ -156,8 +156,8 @@ def delete_run(run_dir: str | os.PathLike) -> None:
     """Deletes the checkpoints and metrics of the run in `run_dir` (overwrite=true)."""
     if not Path(run_dir).is_dir():
         return
+    names = (CHECKPOINT_FILE, BEST_CHECKPOINT_FILE, METRICS_FILE)
     for path in Path(run_dir).iterdir():
-        names = (CHECKPOINT_FILE, BEST_CHECKPOINT_FILE, METRICS_FILE)
         if path.name in names or _SNAPSHOT.fullmatch(path.name):
             path.unlink()
 
