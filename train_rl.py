@@ -41,6 +41,7 @@ from agents.learners import (
     minibatches,
     normalised,
     ppo_loss,
+    span_credit,
 )
 from agents.probes import (
     TASK_METRICS,
@@ -301,7 +302,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
 
         obs = torch.as_tensor(obs, device=device)
         episode_start = torch.ones(B, dtype=torch.bool, device=device)
-        state = agent.initial_state(B, device)
+        # Exploring spans (memory.span_noise): acting draws spans with noise, and the learner
+        # credits each memory with the return after it.
+        explore_spans = cfg.memory.kind == "expire_span" and cfg.memory.get("span_noise", 0) > 0
+        state = agent.initial_state(B, device, explore=explore_spans)
         stats = EpisodeStats(B, cfg.env.name)
         span_stats = SpanStats()
         interval = {
@@ -354,12 +358,16 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             )
             if cfg.agent.name == "ppo":
                 advantages = normalised(advantages, returns, cfg.agent.advantage_scale)
+            credits = None
+            if explore_spans:
+                credits = span_credit(rewards, values, dones, bootstrap_value, cfg.agent.gamma)
             epochs_run = 0
             for _ in range(cfg.agent.epochs):
                 epochs_run, epoch_kl = epochs_run + 1, 0.0
                 for index in minibatches(B, cfg.agent.minibatches):
                     start = unroll_state if index is ALL else unroll_state.select(index)
-                    logits, new_values, out = learner(obs_buf[index], start, starts[index])
+                    credit = None if credits is None else credits[index]
+                    logits, new_values, out = learner(obs_buf[index], start, starts[index], credit)
                     terms = learner_loss(
                         cfg.agent,
                         logits,

@@ -31,18 +31,27 @@ class ActorCritic(nn.Module):
         nn.init.zeros_(self.value.bias)
         self.obs_dims = len(obs_shape)
 
-    def initial_state(self, batch_size: int, device: torch.device | str = "cpu"):
-        return self.core.initial_state(batch_size, device)
+    def initial_state(
+        self, batch_size: int, device: torch.device | str = "cpu", explore: bool = False
+    ):
+        """The core's empty state; ``explore``: the state of an agent that learns as it acts
+        (Expire-Span's exploring spans, ``memory.span_noise``)."""
+        return self.core.initial_state(batch_size, device, explore)
 
     def encode(self, obs: torch.Tensor) -> torch.Tensor:
         return self.encoder(obs.flatten(start_dim=-self.obs_dims).float())
 
     def forward(
-        self, obs: torch.Tensor, state, episode_start: torch.Tensor
+        self,
+        obs: torch.Tensor,
+        state,
+        episode_start: torch.Tensor,
+        span_credit: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, CoreOutput]:
         """Block mode: obs (B, T, *obs_shape), episode_start (B, T) ->
-        logits (B, T, A), values (B, T) and the core's output."""
-        out = self.core(self.encode(obs), state, episode_start)
+        logits (B, T, A), values (B, T) and the core's output. ``span_credit`` (B, T): the
+        return credited to each step's memories (exploring spans)."""
+        out = self.core(self.encode(obs), state, episode_start, span_credit)
         return self.policy(out.hidden), self.value(out.hidden).squeeze(-1), out
 
     @torch.no_grad()

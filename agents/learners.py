@@ -94,6 +94,24 @@ def normalised(advantages: torch.Tensor, returns: torch.Tensor, scale: str = "st
     return centred
 
 
+def span_credit(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    dones: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    gamma: float,
+) -> torch.Tensor:
+    """The credit of exploring spans (``memory.span_noise``) for each step's memories: the
+    return after the step minus its value (lambda = 1: GAE's 0.95 would leave 0.95^150 of a
+    reward 150 steps on), centred, in units of the returns but never of a spread above 1.
+    No ratio clip bounds the spans' policy gradient, so credits must not blow up when the
+    returns are all about 0, as "returns" scaling alone would."""
+    credit, returns = generalized_advantages(rewards, values, dones, bootstrap_value, gamma, 1.0)
+    centred = credit - credit.mean()
+    scale = torch.maximum(returns.square().mean().sqrt(), credit.std())
+    return centred / scale.clamp_min(1e-8)
+
+
 def ppo_loss(
     logits: torch.Tensor,
     values: torch.Tensor,

@@ -45,12 +45,22 @@ class LSTMCore(nn.Module):
         self.lstm = nn.LSTM(dim, dim, num_layers=num_layers, batch_first=True)
         self.norm = nn.LayerNorm(dim)
 
-    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> LSTMState:
+    def initial_state(
+        self, batch_size: int, device: torch.device | str = "cpu", explore: bool = False
+    ) -> LSTMState:
+        """Zeros (``explore`` changes nothing: the LSTM has no spans to explore)."""
         zeros = torch.zeros(self.num_layers, batch_size, self.dim, device=device)
         return LSTMState(zeros, zeros.clone())
 
-    def forward(self, x: torch.Tensor, state: LSTMState, episode_start: torch.Tensor | None = None):
-        """Block mode: x (B, K, dim), episode_start (B, K) bool."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        state: LSTMState,
+        episode_start: torch.Tensor | None = None,
+        span_credit: torch.Tensor | None = None,
+    ):
+        """Block mode: x (B, K, dim), episode_start (B, K) bool (``span_credit``: no spans,
+        ignored)."""
         h, c = state
         if episode_start is None or not bool(episode_start[:, 1:].any()):
             # One fused call when no episode starts inside the block (the common case).

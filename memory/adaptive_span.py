@@ -15,6 +15,7 @@ from torch import Tensor, nn
 
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, Read, ramp_mask
+from memory.store import Slots
 
 
 class AdaptiveSpan(MemoryKind):
@@ -34,7 +35,7 @@ class AdaptiveSpan(MemoryKind):
         start = 1 + (self.spans()[:, None] + relative[:, None, :]) / self.ramp  # (B, H, N)
         return ramp_mask(start, offsets, self.ramp)  # (B, H, Q, N)
 
-    def loss(self, mask: Tensor, span: Tensor | None, call: Call) -> Tensor:
+    def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         return self.coef * self.spans().mean()
 
     def span_parameters(self) -> list[nn.Parameter]:

@@ -31,6 +31,10 @@ class MemoryConfig:
     init_span_fraction: float = 0.1
     scaled_span: bool = False  # expire_span: eq. 8, e = L sigmoid((w.h + b) / R), for very large L
     memory_shortening: bool = False  # expire_span: random memory shortening in training (4.2)
+    # expire_span, RL: exploring spans. An acting state (``initial_state(explore=True)``) adds
+    # noise N(0, span_noise^2) to the span predictor's logit, and the learner credits that
+    # noise with the return that followed (``span_credit``): a policy gradient on spans. 0: off.
+    span_noise: float = 0.0
     compress_rate: int = 4  # c: compressive memories pool groups of c evicted memories
     compressed_span: int | None = None  # compressive: compressed memories kept (None: max_span)
 
@@ -53,6 +57,8 @@ class MemoryConfig:
             raise ValueError(f"memory.ramp (R) must be >= 1 timestep, got {self.ramp}")
         if not (math.isfinite(self.aux_loss_coef) and self.aux_loss_coef >= 0):
             raise ValueError(f"memory.aux_loss_coef must be >= 0, got {self.aux_loss_coef}")
+        if not (math.isfinite(self.span_noise) and self.span_noise >= 0):
+            raise ValueError(f"memory.span_noise must be >= 0 (0: off), got {self.span_noise}")
         if not 0.0 < self.init_span_fraction < 1.0:
             raise ValueError(
                 "memory.init_span_fraction is the initial span as a fraction of max_span and "

@@ -37,6 +37,8 @@ class Call:
     shortening: float | None  # random memory shortening: attend only to t - i <= l (4.2)
     dtype: torch.dtype
     offsets: Tensor | None  # (Q,) t - start of every query, in dtype; None for one query
+    noise_stream: Tensor | None = None  # (B,) int64: this layer's span-noise stream (acting)
+    span_credit: Tensor | None = None  # (B, Q): the return credited to each query's memories
 
     @property
     def num_queries(self) -> int:
@@ -96,8 +98,9 @@ class MemoryKind(nn.Module):
         self.window = cfg.block_len - 1  # memories before a call that can get a position term
 
     # --- what subclasses define ------------------------------------------------------
-    def span(self, hidden: Tensor) -> Tensor | None:
-        """Per-memory value computed when a memory is written (Expire-Span's e_i)."""
+    def span(self, hidden: Tensor, position: Tensor, call: Call) -> Tensor | None:
+        """Per-memory value computed when a memory is written (Expire-Span's e_i), for
+        memories ``hidden`` (B, N, dim) at time indices ``position`` (B, N)."""
         return None
 
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
@@ -106,8 +109,9 @@ class MemoryKind(nn.Module):
         its own mask; bool for a hard mask, else float in [0, 1]."""
         raise NotImplementedError
 
-    def loss(self, mask: Tensor, span: Tensor | None, call: Call) -> Tensor:
-        """Auxiliary loss of this layer for the call; ``mask`` already hides invisible keys."""
+    def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
+        """Auxiliary loss of this layer for the call over the memories ``slots`` it sees;
+        ``mask`` already hides invisible keys."""
         return mask.new_zeros(())
 
     def span_parameters(self) -> list[nn.Parameter]:
@@ -133,7 +137,7 @@ class MemoryKind(nn.Module):
             aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
         else:
             m = m * visible
-            aux_loss = self.loss(m, slots.span, call)
+            aux_loss = self.loss(m, slots, call)
         count = torch.count_nonzero(m)
         if m.dim() == 4:  # per-head masks: the mean over heads
             count = count / m.shape[1]
@@ -171,7 +175,8 @@ class MemoryKind(nn.Module):
         old = memory.view()
         if call.recompute:  # so gradients reach W_k, W_v and the span predictor through them
             keys, values = attention.key_value(old.hidden)
-            old = Slots(old.hidden, keys, values, old.position, self.span(old.hidden))
+            span = self.span(old.hidden, old.position, call)
+            old = Slots(old.hidden, keys, values, old.position, span)
         return old.cat(new), memory
 
     def delete(self, slots: Slots, call: Call, alive: Alive) -> SlotStore:

@@ -167,13 +167,15 @@ class MemoryState:
     current episode began: memories before it are invisible and get deleted. ``layers[l]``
     is layer l's memory of recent hidden states; for the compressive memory,
     ``compressed[l]`` holds layer l's compressed memories (position = time index of the
-    first memory of the pooled group).
+    first memory of the pooled group). ``noise_streams[b, l]`` identifies the span noise of
+    element b in layer l (Expire-Span's exploring spans); None: spans without noise.
     """
 
     time: int
     episode_begin: Tensor  # (B,) int64
     layers: tuple[SlotStore, ...]
     compressed: tuple[SlotStore, ...] | None = None
+    noise_streams: Tensor | None = None  # (B, num_layers) int64
 
     @property
     def batch_size(self) -> int:
@@ -195,6 +197,7 @@ class MemoryState:
             episode_begin=self.episode_begin[index],
             layers=tuple(pick(store) for store in self.layers),
             compressed=None if self.compressed is None else tuple(map(pick, self.compressed)),
+            noise_streams=None if self.noise_streams is None else self.noise_streams[index],
         )
 
     def state_dict(self) -> dict:
@@ -209,6 +212,7 @@ class MemoryState:
             "episode_begin": self.episode_begin.cpu().clone(),
             "layers": [slots(store) for store in self.layers],
             "compressed": None if self.compressed is None else [slots(s) for s in self.compressed],
+            "noise_streams": None if self.noise_streams is None else self.noise_streams.cpu(),
         }
 
     @classmethod
@@ -218,12 +222,13 @@ class MemoryState:
         def store(tensors: list[Tensor | None]) -> SlotStore:
             return SlotStore.of(Slots(*(None if t is None else t.to(device) for t in tensors)))
 
-        compressed = saved["compressed"]
+        compressed, streams = saved["compressed"], saved.get("noise_streams")
         return cls(
             time=saved["time"],
             episode_begin=saved["episode_begin"].to(device),
             layers=tuple(store(t) for t in saved["layers"]),
             compressed=None if compressed is None else tuple(store(t) for t in compressed),
+            noise_streams=None if streams is None else streams.to(device),
         )
 
     def stored_lengths(self) -> list[int]:

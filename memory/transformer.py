@@ -9,7 +9,7 @@ Inputs are already-embedded vectors; outputs are final-normed hidden states.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +64,7 @@ class MemoryLayer(nn.Module):
         memories (None for kinds without a span per memory)."""
         x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
         q, k, v = self.attention.project(x)
-        new = Slots(x, k, v, call.positions, self.memory.span(x))
+        new = Slots(x, k, v, call.positions, self.memory.span(x, call.positions, call))
         read = self.memory.read(self.attention, memory, compressed, new, call)
         h = h + self.residual(self.attention(q, read.segments, read.width, read.window))
         h = h + self.residual(self.ffn(self.ffn_norm(h)))
@@ -85,7 +85,9 @@ class MemoryTransformer(nn.Module):
     >>> out = core.step(x_t, out.state, start_t)  # x_t (8, 64), start_t (8,) bool
 
     ``episode_start[b, k]`` marks timestep k of element b as the first of a new episode:
-    from it on, element b attends to nothing earlier.
+    from it on, element b attends to nothing earlier. With ``memory.span_noise`` > 0, a
+    state made by ``initial_state(explore=True)`` acts with exploring spans, and block mode
+    from it replays them and takes ``span_credit`` (``memory.expire_span``).
     """
 
     def __init__(self, cfg: MemoryConfig) -> None:
@@ -95,9 +97,11 @@ class MemoryTransformer(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.dim)
 
     def initial_state(
-        self, batch_size: int, device: torch.device | str | None = None
+        self, batch_size: int, device: torch.device | str | None = None, explore: bool = False
     ) -> MemoryState:
-        """An empty memory for ``batch_size`` sequences (also the way to change batch size)."""
+        """An empty memory for ``batch_size`` sequences (also the way to change batch size).
+        ``explore``: Expire-Span draws spans with noise (``memory.span_noise``), from noise
+        streams of its own for every sequence and layer, taken from torch's generator."""
         if device is None:
             device = self.final_norm.weight.device
         dtype = self.final_norm.weight.dtype
@@ -107,22 +111,37 @@ class MemoryTransformer(nn.Module):
             return SlotStore.empty(batch_size, cfg.dim, cfg.num_heads, with_span, device, dtype)
 
         kind = self.layers[0].memory
+        streams = None
+        if explore and cfg.kind == "expire_span" and cfg.span_noise > 0:
+            streams = torch.randint(2**31, (batch_size, cfg.num_layers)).to(device)
         return MemoryState(
             time=0,
             episode_begin=torch.zeros(batch_size, dtype=torch.long, device=device),
             layers=tuple(store(kind.stores_span) for _ in self.layers),
             compressed=tuple(store(False) for _ in self.layers) if kind.compresses else None,
+            noise_streams=streams,
         )
 
     def forward(
-        self, x: Tensor, state: MemoryState, episode_start: Tensor | None = None
+        self,
+        x: Tensor,
+        state: MemoryState,
+        episode_start: Tensor | None = None,
+        span_credit: Tensor | None = None,
     ) -> CoreOutput:
-        """Block mode: x (B, K, dim), episode_start (B, K) bool (tensor or array) or None."""
+        """Block mode: x (B, K, dim), episode_start (B, K) bool (tensor or array) or None.
+        ``span_credit`` (B, K): the return credited to the memories of each step, for the
+        policy gradient of exploring spans (ignored unless ``state`` explores)."""
         if x.dim() != 3 or x.shape[-1] != self.cfg.dim:
             raise ValueError(
                 f"block mode expects x of shape (B, K, {self.cfg.dim}), got {tuple(x.shape)}"
             )
-        return self._run(x, state, episode_start, in_place=False)
+        if span_credit is not None and span_credit.shape != x.shape[:2]:
+            raise ValueError(
+                f"span_credit must have shape {tuple(x.shape[:2])} (one value per timestep), "
+                f"got {tuple(span_credit.shape)}"
+            )
+        return self._run(x, state, episode_start, in_place=False, span_credit=span_credit)
 
     def step(
         self, x: Tensor, state: MemoryState, episode_start: Tensor | None = None
@@ -146,15 +165,24 @@ class MemoryTransformer(nn.Module):
         return out
 
     def _run(
-        self, x: Tensor, state: MemoryState, episode_start: Tensor | None, in_place: bool
+        self,
+        x: Tensor,
+        state: MemoryState,
+        episode_start: Tensor | None,
+        in_place: bool,
+        span_credit: Tensor | None = None,
     ) -> CoreOutput:
         batch, length, _ = x.shape
-        call = self._call(state, batch, length, episode_start, in_place, x.dtype)
+        call = self._call(state, batch, length, episode_start, in_place, x.dtype, span_credit)
         compressed = state.compressed or (None,) * len(self.layers)
         h = x
         reads, spans = [], []
-        for layer, memory, older in zip(self.layers, state.layers, compressed, strict=True):
-            h, read, span = layer(h, memory, older, call)
+        for index, (layer, memory, older) in enumerate(
+            zip(self.layers, state.layers, compressed, strict=True)
+        ):
+            streams = state.noise_streams
+            layer_call = call if streams is None else replace(call, noise_stream=streams[:, index])
+            h, read, span = layer(h, memory, older, layer_call)
             reads.append(read)
             spans.append(span)
         count = sum(r.count for r in reads)
@@ -165,6 +193,7 @@ class MemoryTransformer(nn.Module):
             episode_begin=call.next_begin,
             layers=tuple(r.memory for r in reads),
             compressed=tuple(r.compressed for r in reads) if state.compressed else None,
+            noise_streams=state.noise_streams,
         )
         aux_loss = sum(r.aux_loss for r in reads)
         spans = None if spans[0] is None else tuple(span.detach() for span in spans)
@@ -178,6 +207,7 @@ class MemoryTransformer(nn.Module):
         episode_start: Tensor | None,
         in_place: bool,
         dtype: torch.dtype,
+        span_credit: Tensor | None,
     ) -> Call:
         if state.batch_size != batch:
             raise ValueError(
@@ -210,4 +240,5 @@ class MemoryTransformer(nn.Module):
             shortening=shortening,
             dtype=dtype,
             offsets=torch.arange(length, device=device, dtype=dtype) if length > 1 else None,
+            span_credit=span_credit,
         )

@@ -53,8 +53,8 @@ def episode_starts(batch: int, length: int) -> torch.Tensor:
     return starts
 
 
-def run_blocks(core, x, starts, block: int):
-    state, outputs = core.initial_state(x.shape[0]), []
+def run_blocks(core, x, starts, block: int, state=None):
+    state, outputs = state or core.initial_state(x.shape[0]), []
     for k in range(0, x.shape[1], block):
         out = core(x[:, k : k + block], state, starts[:, k : k + block])
         state = out.state
@@ -166,6 +166,31 @@ def test_selected_elements_continue_as_in_the_full_batch(kind):
     assert (part - full[index]).abs().max() < TOLERANCE
 
 
+def test_exploring_spans_are_replayed_in_block_mode_and_carried_by_the_state():
+    """Acting draws every span with noise; block mode from the same state must draw the same
+    spans (the learner replays what acting did), and a minibatch or a saved state too."""
+    core = make_core("expire_span", span_noise=0.7)
+    x, starts = torch.randn(3, 40, 16), episode_starts(3, 40)
+    torch.manual_seed(5)
+    state = core.initial_state(3, explore=True)
+    assert state.noise_streams.shape == (3, 2)
+    assert core.initial_state(3).noise_streams is None  # evaluation: the spans as predicted
+    with torch.no_grad():
+        stepped, after = run_steps(core, x, starts, state)
+        plain, _ = run_steps(core, x, starts)
+    assert (plain - stepped).abs().max() > 0.01  # the noise changes which memories are kept
+    for block in (8, 40):
+        blocked, _ = run_blocks(core, x, starts, block, state)
+        assert (blocked - stepped).abs().max() < TOLERANCE, block
+    index = torch.tensor([2, 0])
+    saved = type(after).from_state_dict(after.state_dict(), "cpu")
+    with torch.no_grad():
+        more = torch.randn(3, 6, 16)
+        full = core(more, after, starts[:, :6]).hidden
+        part = core(more[index], saved.select(index), starts[index, :6]).hidden
+    assert (part - full[index]).abs().max() < TOLERANCE
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_every_call_reports_aux_loss_and_memory_size(kind):
     core = make_core(kind).train()
@@ -252,6 +277,7 @@ def test_position_term_covers_only_distances_below_block_len(queries, width):
         (dict(ramp=0.5), "ramp"),
         (dict(dropout=1.0), "dropout"),
         (dict(init_span_fraction=0.0), "init_span_fraction"),
+        (dict(span_noise=-0.5), "span_noise"),
         (dict(kind="compressive", compress_rate=300), "compress_rate"),
         (dict(compressed_span=0), "compressed_span"),
         (dict(num_layers=2.5), "num_layers"),
@@ -273,6 +299,8 @@ def test_input_errors_say_what_is_wrong():
         core(torch.randn(2, 4, 16), state, torch.zeros(2, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="episode_start"):
         core.step(torch.randn(2, 16), state, torch.zeros(2, 1, dtype=torch.bool))
+    with pytest.raises(ValueError, match="span_credit"):
+        core(torch.randn(2, 4, 16), state, span_credit=torch.zeros(2, 3))
 
 
 @pytest.mark.parametrize("kind", KINDS)
