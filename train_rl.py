@@ -362,11 +362,13 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             if explore_spans:
                 credits = span_credit(rewards, values, dones, bootstrap_value, cfg.agent.gamma)
             epochs_run = 0
-            for _ in range(cfg.agent.epochs):
+            for epoch in range(cfg.agent.epochs):
                 epochs_run, epoch_kl = epochs_run + 1, 0.0
                 for index in minibatches(B, cfg.agent.minibatches):
                     start = unroll_state if index is ALL else unroll_state.select(index)
-                    credit = None if credits is None else credits[index]
+                    # The spans' policy gradient is taken once per sample: it has no ratio
+                    # or clip, as PPO's, to correct for a policy that has moved since acting.
+                    credit = None if credits is None or epoch > 0 else credits[index]
                     logits, new_values, out = learner(obs_buf[index], start, starts[index], credit)
                     terms = learner_loss(
                         cfg.agent,
