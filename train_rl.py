@@ -268,6 +268,11 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         obs, _ = vec_env.reset(seed=rank_seed(cfg.seed, dist.rank))
         agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
         agent.to(dist.device)
+        # Exploring spans (memory.span_noise): acting draws spans with noise, and the learner
+        # credits each memory with the return after it. The state draws its noise streams
+        # here, before a resumed run restores the RNG state it saved.
+        explore_spans = cfg.memory.kind == "expire_span" and cfg.memory.get("span_noise", 0) > 0
+        state = agent.initial_state(B, dist.device, explore=explore_spans)
         learner = (
             DistributedDataParallel(agent, broadcast_buffers=False)
             if dist.world_size > 1
@@ -302,10 +307,6 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
 
         obs = torch.as_tensor(obs, device=device)
         episode_start = torch.ones(B, dtype=torch.bool, device=device)
-        # Exploring spans (memory.span_noise): acting draws spans with noise, and the learner
-        # credits each memory with the return after it.
-        explore_spans = cfg.memory.kind == "expire_span" and cfg.memory.get("span_noise", 0) > 0
-        state = agent.initial_state(B, device, explore=explore_spans)
         stats = EpisodeStats(B, cfg.env.name)
         span_stats = SpanStats()
         interval = {

@@ -105,11 +105,14 @@ def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
     assert resumed["step"] == expected[-1]
 
 
-def test_a_resumed_run_writes_what_one_unbroken_run_writes(tmp_path):
-    """RL resume is exact: the checkpoint holds the environments, the carried memory and the
-    running statistics, so a run stopped at half its steps and resumed writes the metrics
-    of the run that went straight through (checkpoints and logs out of step on purpose)."""
-    args = [*TINY_RL, "log_interval=2", "checkpoint_interval=3", "eval.after_training=false"]
+@pytest.mark.parametrize("setting", [[], ["memory.span_noise=0.5"]], ids=["default", "explore"])
+def test_a_resumed_run_writes_what_one_unbroken_run_writes(tmp_path, setting):
+    """RL resume is exact: the checkpoint holds the environments, the carried memory (with
+    its span-noise streams when spans explore) and the running statistics, so a run stopped
+    at half its steps and resumed writes the metrics of the run that went straight through
+    (checkpoints and logs out of step on purpose)."""
+    args = [*TINY_RL, *setting, "log_interval=2", "checkpoint_interval=3"]
+    args.append("eval.after_training=false")
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     result = run([*args, f"total_steps={8 * STEPS_PER_UPDATE}"], straight)
     assert result.returncode == 0, result.stderr
