@@ -46,7 +46,7 @@ def compose_rl(overrides):
         ("discrete", "discrete", ["memory=gru", "memory.dim=16"]),
         ("multi_discrete", "multi_discrete", ["memory=lstm", "memory.dim=16"]),
         ("tuple", "discrete", ["env.vectorization=async", "env.max_episode_steps=3"]),
-    ],  # (a Dict observation: test_a_gym_checkpoint_evaluates)
+    ],  # (a Dict observation: test_a_gym_run_resumes_and_evaluates)
 )
 def test_every_space_kind_trains_from_the_command_line(tmp_path, observation, action, extra):
     memory = [] if any(arg.startswith("memory=") for arg in extra) else TINY_MEMORY
@@ -63,14 +63,21 @@ def test_every_space_kind_trains_from_the_command_line(tmp_path, observation, ac
     assert [line["mmer"] for line in lines] == [returns[0], max(returns)]
 
 
-def test_a_gym_checkpoint_evaluates(tmp_path):
-    """mode=eval on a gym env whose agent sees its previous action (a Dict observation)."""
+def test_a_gym_run_resumes_and_evaluates(tmp_path):
+    """A Dict observation, an agent that sees its previous action: resumed, the run keeps its
+    MMER (the running maximum of the interval mean return); mode=eval evaluates it."""
     kinds = ["+env.kwargs.observation=dict", "+env.kwargs.action=multi_discrete"]
-    args = [*FAKE, *kinds, "env.previous_action=true", *TINY_RUN, *TINY_MEMORY, TWO_UPDATES]
-    result = run(args, tmp_path / "run")
+    args = [*FAKE, *kinds, "env.previous_action=true", *TINY_RUN, *TINY_MEMORY]
+    result = run([*args, TWO_UPDATES], tmp_path / "run")
     assert result.returncode == 0, result.stderr
+    result = run([*args, f"total_steps={4 * STEPS_PER_UPDATE}", "resume=true"], tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    returns = [line["return"] for line in lines]
+    assert [line["mmer"] for line in lines] == [max(returns[: i + 1]) for i in range(4)]
     best = torch.load(tmp_path / "run" / "best.pt", weights_only=True)["best"]
     assert best["metric"] == "success"  # the env reports is_success
+
     result = run(["mode=eval", f"checkpoint={tmp_path / 'run'}", "eval.episodes=8"], tmp_path / "e")
     assert result.returncode == 0, result.stderr
     outcome = json.loads(result.stdout.strip().splitlines()[-1])
