@@ -10,6 +10,7 @@ instead. Under `torchrun` every rank steps its own environments and gradients ar
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import math
@@ -29,7 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
 import envs
-from agents import ActorCritic, LSTMCore
+from agents import RECURRENT_KINDS, ActorCritic, RecurrentCore, map_observation
 from agents.curves import plot_curves, run_label
 from agents.learners import (
     ADVANTAGE_SCALES,
@@ -44,11 +45,11 @@ from agents.learners import (
     span_credit,
 )
 from agents.probes import (
-    TASK_METRICS,
     SpanProbe,
     keep_new_memories,
     success_by_case,
     success_by_length,
+    task_metric,
 )
 from memory import KINDS, MemoryConfig, MemoryTransformer
 from training import (
@@ -85,13 +86,19 @@ from training import (
 )
 
 LEARNERS = ("a2c", "ppo")
-PROGRESS_KEYS = ("return", "success", "rooms_reached", "memory_size")
+PROGRESS_KEYS = ("return", "success", "rooms_reached", "mmer", "memory_size")
 OUTCOMES = {  # what each env reports at the end of an episode, besides return and length
     "corridor": ("success",),
     "portal": ("success", "rooms_reached"),
     "minigrid_memory": ("success",),
+    "gym": ("success",),  # when the env reports it
+    "popgym": (),
 }
+INFO_KEYS = {"success": ("success", "is_success")}  # the names envs give an outcome in `info`
+GYM_PATH = ("gym", "popgym")  # env configs that take any Gymnasium id (env.id, env.kwargs)
+VECTORIZATIONS = ("auto", "sync", "async")
 ENV_META_KEYS = ("name", "id")
+LIST_IDS = "python -c 'import gymnasium; gymnasium.pprint_registry()'"
 RECORD_SUFFIXES = (".gif", ".mp4", ".txt")  # eval.record: frames, or an ansi trace
 EVAL_FILE = "eval.json"  # a finished run's evaluation (eval.after_training)
 CURVES_FILE = "curves.png"  # and its learning curves
@@ -120,14 +127,24 @@ def check_config(cfg: DictConfig) -> None:
             "minibatch holds whole environment sequences, so use at most one per environment"
         )
     check_wandb_config(cfg.wandb)
-    try:  # the env checks its own keyword arguments
-        make_single_env(cfg.env).close()
+    if cfg.env.name in GYM_PATH:
+        check_choice("env.vectorization", cfg.env.vectorization, VECTORIZATIONS)
+        if cfg.env.max_episode_steps is not None:
+            check_positive_int("env.max_episode_steps", cfg.env.max_episode_steps)
+    try:  # the env checks its id and its own keyword arguments
+        single = make_single_env(cfg.env)
+        single.close()
+    except (gym.error.UnregisteredEnv, ImportError) as error:
+        raise ConfigError(
+            f"env.id={cfg.env.id} is not a registered Gymnasium id ({error}); list the ids with "
+            f"{LIST_IDS}, or give a module that registers it as env.id=MODULE:ID"
+        ) from None
     except ValueError as error:
         raise ConfigError(f"env={cfg.env.name}: {error}") from None
-    except TypeError as error:  # an env.* key the env does not take
+    except TypeError as error:  # a keyword argument the env does not take
+        where = "env.kwargs" if cfg.env.name in GYM_PATH else "the env.* settings but name and id"
         raise ConfigError(
-            f"env={cfg.env.name}: {error}; the env.* settings other than name and id are the "
-            "environment's keyword arguments"
+            f"env={cfg.env.name}: {error}; {where} are the environment's keyword arguments"
         ) from None
     check_positive_int("eval.length_bins", cfg.eval.length_bins)
     if cfg.eval.record and Path(cfg.eval.record).suffix.lower() not in RECORD_SUFFIXES:
@@ -136,49 +153,86 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
-    check_choice("memory", cfg.memory.kind, (*KINDS, "lstm"))
+    check_choice("memory", cfg.memory.kind, (*KINDS, *RECURRENT_KINDS))
     try:
         build_core(cfg.memory)  # the memory config checks its own fields
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    try:  # the agent checks the env's observation and action spaces
+        build_agent(cfg, single.observation_space, single.action_space)
+    except ValueError as error:
+        raise ConfigError(f"env.id={cfg.env.id}: {error}") from None
 
 
 def build_core(memory_cfg: DictConfig) -> torch.nn.Module:
     fields = OmegaConf.to_container(memory_cfg, resolve=True)
-    if fields["kind"] == "lstm":
-        return LSTMCore(dim=fields["dim"], num_layers=fields.get("num_layers", 1))
+    if fields["kind"] in RECURRENT_KINDS:
+        return RecurrentCore(fields["dim"], fields.get("num_layers", 1), fields["kind"])
     return MemoryTransformer(MemoryConfig(**fields))
 
 
 def build_agent(cfg: DictConfig, obs_space: gym.Space, action_space: gym.Space) -> ActorCritic:
-    return ActorCritic(obs_space.shape, action_space.n, build_core(cfg.memory), cfg.memory.dim)
+    return ActorCritic(
+        obs_space,
+        action_space,
+        build_core(cfg.memory),
+        cfg.memory.dim,
+        previous_action=cfg.env.get("previous_action", False),
+        previous_reward=cfg.env.get("previous_reward", False),
+    )
 
 
 def env_kwargs(env_cfg: DictConfig) -> dict:
-    """The env config's fields other than its name and id are the env's keyword arguments."""
-    return {k: v for k, v in env_cfg.items() if k not in ENV_META_KEYS and v is not None}
+    """The env's keyword arguments: on the Gymnasium path (env=gym, env=popgym) `env.kwargs` and
+    the step limit; for the project's own envs, the env fields other than name and id."""
+    if env_cfg.name not in GYM_PATH:
+        return {k: v for k, v in env_cfg.items() if k not in ENV_META_KEYS and v is not None}
+    kwargs = OmegaConf.to_container(env_cfg.kwargs, resolve=True)
+    if env_cfg.max_episode_steps is not None:
+        kwargs["max_episode_steps"] = env_cfg.max_episode_steps
+    return kwargs
+
+
+def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
+    """The registration of ``env_id``; a `module:Id` id imports the module first, as
+    `gymnasium.make` does."""
+    module, _, name = env_id.rpartition(":")
+    if module:
+        importlib.import_module(module)
+    return gym.spec(name)
 
 
 def make_envs(env_cfg: DictConfig, num_envs: int):
-    """The batched environments training uses, autoresetting in the same step."""
+    """The batched environments training uses, autoresetting in the same step: the env's own
+    batched implementation (its vector entry point) when it has one, else Gymnasium's
+    sync or async vector env (`env.vectorization`)."""
     kwargs = env_kwargs(env_cfg)
     if env_cfg.name == "minigrid_memory":
         return envs.make_minigrid_memory_vec(
             env_cfg.id, num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs
         )
+    mode = env_cfg.get("vectorization", "auto")
+    if mode == "auto":
+        mode = "vector_entry_point" if env_spec(env_cfg.id).vector_entry_point else "sync"
+    autoreset = {"autoreset_mode": AutoresetMode.SAME_STEP}
+    if mode == "vector_entry_point":  # which takes every setting as a keyword argument
+        kwargs.update(autoreset)
     return gym.make_vec(
         env_cfg.id,
         num_envs=num_envs,
-        vectorization_mode="vector_entry_point",
-        autoreset_mode=AutoresetMode.SAME_STEP,
+        vectorization_mode=mode,
+        vector_kwargs=None if mode == "vector_entry_point" else autoreset,
         **kwargs,
     )
 
 
 def make_single_env(env_cfg: DictConfig, render_mode: str | None = None) -> gym.Env:
+    kwargs = env_kwargs(env_cfg)
+    if render_mode is not None:  # (envs that never render, as POPGym's, do not take it)
+        kwargs["render_mode"] = render_mode
     if env_cfg.name == "minigrid_memory":
-        return envs.make_minigrid_memory(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
-    return gym.make(env_cfg.id, render_mode=render_mode, **env_kwargs(env_cfg))
+        return envs.make_minigrid_memory(env_cfg.id, **kwargs)
+    return gym.make(env_cfg.id, **kwargs)
 
 
 def learner_loss(
@@ -191,8 +245,9 @@ def learner_loss(
 
 class EpisodeStats:
     """Running returns and lengths of a batch of environments, and the task's outcome of every
-    episode that ends (`success`, and `rooms_reached` for Portal), which environments that
-    autoreset in the same step report in `info["final_info"]`."""
+    episode that ends (`success`, or a Gymnasium env's `is_success`, and `rooms_reached` for
+    Portal), which environments that autoreset in the same step report in
+    `info["final_info"]`."""
 
     def __init__(self, num_envs: int, env_name: str, extra: tuple[str, ...] = ()) -> None:
         self.outcomes = OUTCOMES[env_name] + extra  # extra: more keys of the env's final info
@@ -209,8 +264,9 @@ class EpisodeStats:
         self._add("episode_length", self.running_length[done])
         final_info = info.get("final_info", {})
         for key in self.outcomes:
-            if key in final_info:
-                self._add(key, final_info[key][final_info[f"_{key}"]])
+            reported = [name for name in INFO_KEYS.get(key, (key,)) if name in final_info]
+            if reported:
+                self._add(key, final_info[reported[0]][final_info[f"_{reported[0]}"]])
         self.running_return[done] = 0.0
         self.running_length[done] = 0
 
@@ -298,15 +354,17 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         )
 
         device = dist.device
-        obs_buf = torch.zeros(
-            (B, T, *vec_env.single_observation_space.shape), dtype=torch.uint8, device=device
-        )
-        actions = torch.zeros((B, T), dtype=torch.long, device=device)
+        obs = to_device(obs, device)  # a tensor, or a tuple or dict of them (Tuple, Dict)
+        obs_buf = map_observation(lambda x: x.new_zeros((B, T, *x.shape[1:])), obs)
+        action_shape = vec_env.single_action_space.shape  # (components,) for MultiDiscrete
+        actions = torch.zeros((B, T, *action_shape), dtype=torch.long, device=device)
         log_probs, values, rewards, dones = (torch.zeros((B, T), device=device) for _ in range(4))
         starts = torch.zeros((B, T), dtype=torch.bool, device=device)
 
-        obs = torch.as_tensor(obs, device=device)
         episode_start = torch.ones(B, dtype=torch.bool, device=device)
+        previous = (actions[:, 0].clone(), rewards[:, 0].clone())  # the last action and reward
+        gym_path = cfg.env.name in GYM_PATH
+        mmer = math.nan  # POPGym's MMER: the best interval mean return so far (gym path)
         stats = EpisodeStats(B, cfg.env.name)
         span_stats = SpanStats()
         interval = {
@@ -320,10 +378,14 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         }
         interval_start, updates_in_interval = time.perf_counter(), 0
         acting = checkpoint.get("acting") if checkpoint is not None else None
+        if acting is not None:
+            mmer = acting[dist.rank].get("mmer", math.nan)
         if acting is not None and acting[dist.rank]["envs"] is not None:  # continue the episodes
             saved = acting[dist.rank]
             vec_env.load_state_dict(as_arrays(saved["envs"]))
-            obs, episode_start = saved["obs"].to(device), saved["episode_start"].to(device)
+            obs, episode_start = to_device(saved["obs"], device), saved["episode_start"].to(device)
+            if "previous" in saved:
+                previous = tuple(x.to(device) for x in saved["previous"])
             state = type(state).from_state_dict(saved["memory"], device)
             stats.load_state_dict(saved["episodes"])
             span_stats.load_state_dict(saved["spans"])
@@ -334,23 +396,28 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         for update in range(first_update, num_updates):
             # Act for T steps in step mode; remember the memory the unroll starts from.
             agent.eval()
-            unroll_state = state
+            unroll_state, unroll_previous = state, previous
             memory_size = 0.0
             for t in range(T):
-                obs_buf[:, t] = obs
+                store_step(obs_buf, t, obs)
                 starts[:, t] = episode_start
-                action, log_probs[:, t], values[:, t], out = agent.act(obs, state, episode_start)
+                action, log_probs[:, t], values[:, t], out = agent.act(
+                    obs, state, episode_start, previous
+                )
                 state, actions[:, t] = out.state, action
                 memory_size += out.memory_size
                 span_stats.add(out.spans)
                 next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
                 done = terminated | truncated
                 stats.record(reward, done, info)
-                rewards[:, t] = torch.as_tensor(reward, device=device)
+                reward = torch.as_tensor(reward, dtype=torch.float32, device=device)
+                rewards[:, t] = reward
                 dones[:, t] = torch.as_tensor(done, device=device)
-                obs = torch.as_tensor(next_obs, device=device)
+                obs = to_device(next_obs, device)
                 episode_start = torch.as_tensor(done, device=device)
-            _, _, bootstrap_value, _ = agent.act(obs, state, episode_start)  # its state is not kept
+                previous = (action, reward)
+            # The bootstrap value (its state is not kept).
+            _, _, bootstrap_value, _ = agent.act(obs, state, episode_start, previous)
 
             # Learn in block mode over the unroll (truncation is treated as termination).
             agent.train()
@@ -362,6 +429,11 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             credits = None
             if explore_spans:
                 credits = span_credit(rewards, values, dones, bootstrap_value, cfg.agent.gamma)
+            # What the agent saw before each step: the unroll's actions and rewards, shifted.
+            previous_actions, previous_rewards = (
+                torch.cat([first[:, None], later[:, :-1]], dim=1)
+                for first, later in zip(unroll_previous, (actions, rewards), strict=True)
+            )
             epochs_run = 0
             for epoch in range(cfg.agent.epochs):
                 epochs_run, epoch_kl = epochs_run + 1, 0.0
@@ -370,7 +442,13 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                     # The spans' policy gradient is taken once per sample: it has no ratio
                     # or clip, as PPO's, to correct for a policy that has moved since acting.
                     credit = None if credits is None or epoch > 0 else credits[index]
-                    logits, new_values, out = learner(obs_buf[index], start, starts[index], credit)
+                    logits, new_values, out = learner(
+                        select_envs(obs_buf, index),
+                        start,
+                        starts[index],
+                        credit,
+                        (previous_actions[index], previous_rewards[index]),
+                    )
                     terms = learner_loss(
                         cfg.agent,
                         logits,
@@ -417,13 +495,16 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                     update=update + 1, sps=updates_in_interval * steps_per_update / elapsed
                 )
                 metrics = all_reduce_mean(metrics, dist)  # a collective: every rank logs here
+                if gym_path:
+                    metrics["mmer"] = mmer = float(np.fmax(mmer, metrics["return"]))  # NaN: none
                 logger.log(metrics, step=step)
                 set_metrics(progress, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
                 # Keep the model of the best interval so far beside the last one (the same on
                 # every rank: the metrics are averaged over ranks).
-                value = metrics[TASK_METRICS[cfg.env.name]]
+                metric = best["metric"] if best else task_metric(cfg.env.name, [metrics])
+                value = metrics[metric]
                 if not math.isnan(value) and (best is None or value > best["value"]):
-                    best = {"metric": TASK_METRICS[cfg.env.name], "value": value, "step": step}
+                    best = {"metric": metric, "value": value, "step": step}
                     if dist.is_main:
                         model = {"agent": agent.state_dict(), "step": step, "best": best}
                         model["config"] = OmegaConf.to_container(cfg, resolve=True)
@@ -437,8 +518,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 exact_envs = hasattr(vec_env, "state_dict")  # a user's env may have none
                 carried = {
                     "envs": as_tensors(vec_env.state_dict()) if exact_envs else None,
-                    "obs": obs.cpu(),
+                    "obs": map_observation(torch.Tensor.cpu, obs),
                     "episode_start": episode_start.cpu(),
+                    "previous": [x.cpu() for x in previous],
+                    "mmer": mmer,
                     "memory": state.state_dict(),
                     "episodes": stats.state_dict(),
                     "spans": span_stats.state_dict(),
@@ -475,8 +558,9 @@ def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> 
     result = evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
     with atomic_open(run_dir / EVAL_FILE, "w") as file:
         json.dump(result, file)
-    metric = TASK_METRICS.get(cfg.env.name, "return")
-    runs = [(run_label(cfg), metric, read_metrics(run_dir / METRICS_FILE))]
+    records = read_metrics(run_dir / METRICS_FILE)
+    metric = task_metric(cfg.env.name, records)
+    runs = [(run_label(cfg), metric, records)]
     with atomic_open(run_dir / CURVES_FILE, "wb") as file:
         plot_curves(runs).savefig(file, format="png", dpi=110)
     policy = "greedy" if cfg.eval.greedy else "sampled"
@@ -484,10 +568,26 @@ def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> 
         "%s %s: %.3f over %d episodes (%s)",
         policy,
         metric,
-        result[metric],
+        result.get(metric, math.nan),
         result["episodes"],
         run_dir / EVAL_FILE,
     )
+
+
+def to_device(obs: Any, device: torch.device | str) -> Any:
+    """An observation (an array, or a tuple or dict of them) as tensors on ``device``, each
+    with its own dtype."""
+    return map_observation(lambda x: torch.as_tensor(x, device=device), obs)
+
+
+def store_step(obs_buf: Any, t: int, obs: Any) -> None:
+    """obs_buf[:, t] = obs, for each tensor of a structured observation."""
+    map_observation(lambda buffer, x: buffer[:, t].copy_(x), obs_buf, obs)
+
+
+def select_envs(obs: Any, index: Any) -> Any:
+    """obs[index]: the observations of some environments (a minibatch)."""
+    return map_observation(lambda x: x[index], obs)
 
 
 def as_tensors(value: Any) -> Any:
@@ -549,22 +649,24 @@ def evaluate_agent(
     if isinstance(agent.core, MemoryTransformer):
         probe = SpanProbe(agent.core, age_bin=math.ceil(agent.core.cfg.max_span / 10))
     single = make_single_env(env_cfg)
-    vocab = single.get_wrapper_attr("vocab")
+    word_window = env_cfg.name not in GYM_PATH  # a MazeBase-style window of words
+    vocab = single.get_wrapper_attr("vocab") if word_window else ()
     colors = single.unwrapped.core.cell_kinds.colors if corridor else ()
     single.close()
     probe_word = vocab.index(eval_cfg.probe_word) if eval_cfg.probe_word in vocab else None
 
     device = next(agent.parameters()).device
     obs, _ = vec_env.reset(seed=seed)
-    obs = torch.as_tensor(obs, device=device)
+    obs = to_device(obs, device)
     episode_start = torch.ones(eval_cfg.num_envs, dtype=torch.bool, device=device)
+    previous = None
     state = agent.initial_state(eval_cfg.num_envs, device)
     layout = ("cue_color", "good_door_north")  # the Corridor's case, not averaged below
     extra = ("corridor_length", *layout) if corridor else ()
     stats = EpisodeStats(eval_cfg.num_envs, env_cfg.name, extra)
     memory_sizes = []
     while stats.episodes < eval_cfg.episodes:
-        action, _, _, out = agent.act(obs, state, episode_start, greedy=eval_cfg.greedy)
+        action, _, _, out = agent.act(obs, state, episode_start, previous, eval_cfg.greedy)
         state = out.state
         memory_sizes.append(out.memory_size)
         if probe is not None:  # the memories written at this step saw `obs`
@@ -576,11 +678,16 @@ def evaluate_agent(
         next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
         done = terminated | truncated
         stats.record(reward, done, info)
-        obs = torch.as_tensor(next_obs, device=device)
+        obs = to_device(next_obs, device)
         episode_start = torch.as_tensor(done, device=device)
+        previous = (action, torch.as_tensor(reward, dtype=torch.float32, device=device))
     vec_env.close()
     finished = stats.finished  # (summary() forgets them)
-    result = {k: v for k, v in stats.summary().items() if k not in layout}
+    result = {  # (an outcome the env never reported is left out)
+        key: value
+        for key, value in stats.summary().items()
+        if key not in layout and not math.isnan(value)
+    }
     result["memory_size"] = float(np.mean(memory_sizes))
     if corridor:
         result["success_by_length"] = success_by_length(
@@ -606,14 +713,14 @@ def record_episode(agent: ActorCritic, env_cfg: DictConfig, path: Path, cfg: Dic
     env = make_single_env(env_cfg, render_mode="ansi" if suffix == ".txt" else "rgb_array")
     obs, _ = env.reset(seed=cfg.seed)
     state = agent.initial_state(1)
-    episode_start = torch.ones(1, dtype=torch.bool)
+    episode_start, previous = torch.ones(1, dtype=torch.bool), None
     frames, done = [env.render()], False
     while not done:
-        action, _, _, out = agent.act(
-            torch.as_tensor(obs)[None], state, episode_start, greedy=cfg.eval.greedy
-        )
+        batch = map_observation(lambda x: torch.as_tensor(x)[None], obs)
+        action, _, _, out = agent.act(batch, state, episode_start, previous, cfg.eval.greedy)
         state, episode_start = out.state, torch.zeros(1, dtype=torch.bool)
-        obs, _, terminated, truncated, _ = env.step(int(action))
+        obs, reward, terminated, truncated, _ = env.step(action[0].tolist())
+        previous = (action, torch.tensor([reward], dtype=torch.float32))
         frames.append(env.render())
         done = terminated or truncated
     env.close()

@@ -24,7 +24,7 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from agents.plot import KIND_STYLES, PlotError, _series, find_run_dirs
-from agents.probes import TASK_METRICS
+from agents.probes import task_metric
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
 
 
@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         cfg = OmegaConf.load(run_dir / CONFIG_FILE)
         records = read_metrics(run_dir / METRICS_FILE)
-        metric = TASK_METRICS.get(cfg.env.name, "return")
+        metric = task_metric(cfg.env.name, records)
         label = run_label(cfg, args.label)
         runs.append((label, metric, records))
         result = holding(records, metric, args.target, args.floor)

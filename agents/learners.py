@@ -36,9 +36,19 @@ def generalized_advantages(
     return advantages, advantages + values
 
 
-def _log_prob_and_entropy(
-    logits: torch.Tensor, actions: torch.Tensor
+# A policy's logits: (..., A) for Discrete actions, one such tensor per component for
+# MultiDiscrete actions.
+Logits = torch.Tensor | tuple[torch.Tensor, ...]
+
+
+def log_prob_and_entropy(
+    logits: Logits, actions: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-probability of ``actions`` and the policy's entropy. The components of a
+    MultiDiscrete action (``actions`` (..., components)) are independent: both add up."""
+    if isinstance(logits, tuple):
+        parts = [log_prob_and_entropy(part, actions[..., i]) for i, part in enumerate(logits)]
+        return sum(taken for taken, _ in parts), sum(entropy for _, entropy in parts)
     log_probs = F.log_softmax(logits, dim=-1)
     taken = log_probs.gather(-1, actions[..., None]).squeeze(-1)
     return taken, -(log_probs.exp() * log_probs).sum(-1)
@@ -56,14 +66,14 @@ class LossTerms:
 
 
 def actor_critic_loss(
-    logits: torch.Tensor,
+    logits: Logits,
     values: torch.Tensor,
     actions: torch.Tensor,
     advantages: torch.Tensor,
     returns: torch.Tensor,
 ) -> LossTerms:
     """Advantage actor-critic: -log pi(a|s) A, squared value error, entropy bonus."""
-    taken, entropy = _log_prob_and_entropy(logits, actions)
+    taken, entropy = log_prob_and_entropy(logits, actions)
     return LossTerms(
         policy=-(taken * advantages).mean(),
         value=0.5 * (returns - values).pow(2).mean(),
@@ -113,7 +123,7 @@ def span_credit(
 
 
 def ppo_loss(
-    logits: torch.Tensor,
+    logits: Logits,
     values: torch.Tensor,
     actions: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -123,7 +133,7 @@ def ppo_loss(
 ) -> LossTerms:
     """PPO's clipped surrogate (Schulman et al. 2017); train_rl.py passes advantages
     ``normalised`` over the unroll."""
-    taken, entropy = _log_prob_and_entropy(logits, actions)
+    taken, entropy = log_prob_and_entropy(logits, actions)
     log_ratio = taken - old_log_probs
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)

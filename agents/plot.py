@@ -68,6 +68,7 @@ KIND_STYLES = {  # label, colour, marker
     "adaptive_span": ("Adaptive-Span", "tab:green", "^"),
     "compressive": ("Compressive", "tab:purple", "D"),
     "lstm": ("LSTM", "tab:gray", "x"),
+    "gru": ("GRU", "black", "+"),
 }
 OTHER_STYLES = [  # colour, marker for any other kind
     ("tab:orange", "v"),

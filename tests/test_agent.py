@@ -5,9 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from gymnasium import spaces
 from omegaconf import OmegaConf
 
-from agents import ActorCritic, LSTMCore
+from agents import RECURRENT_KINDS, ActorCritic, RecurrentCore
 from agents.learners import (
     actor_critic_loss,
     generalized_advantages,
@@ -20,20 +21,21 @@ from agents.probes import keep_new_memories, success_by_case
 from memory import KINDS, MemoryConfig, MemoryTransformer, span_parameters
 
 OBS_SHAPE = (3, 3, 7)
+WINDOW = spaces.Box(0, 1, OBS_SHAPE, np.uint8)  # a MazeBase word window
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def make_agent(kind: str) -> ActorCritic:
     torch.manual_seed(0)
-    if kind == "lstm":
-        core = LSTMCore(dim=32)
+    if kind in RECURRENT_KINDS:
+        core = RecurrentCore(dim=32, kind=kind)
     else:
         core = MemoryTransformer(
             MemoryConfig(
                 kind=kind, dim=32, num_heads=2, ffn_dim=64, max_span=12, block_len=8, ramp=4
             )
         )
-    return ActorCritic(OBS_SHAPE, 4, core, dim=32)
+    return ActorCritic(WINDOW, spaces.Discrete(4), core, dim=32)
 
 
 def discounted_return(rewards, dones, bootstrap, gamma):
@@ -114,7 +116,7 @@ def test_solved_task_noise_is_not_blown_up_by_the_returns_scale():
 def test_span_parameters_get_their_own_learning_rate():
     for kind, count in (("expire_span", 4), ("adaptive_span", 2), ("transformer_xl", 0)):
         core = MemoryTransformer(MemoryConfig(kind=kind, dim=16, num_heads=2, ffn_dim=32))
-        agent = ActorCritic((3, 3, 6), 4, core, 16)
+        agent = ActorCritic(spaces.Box(0, 1, (3, 3, 6), np.uint8), spaces.Discrete(4), core, 16)
         spans = span_parameters(agent)
         assert len(spans) == count  # w and b of each layer's span predictor, or its spans
         (group,) = make_optimizer(agent, "adam", lr=1e-3).param_groups
@@ -218,10 +220,11 @@ def test_ppo_clips_the_ratio():
     assert loss.policy.item() == pytest.approx(expected, abs=1e-6)
 
 
-@pytest.mark.parametrize("kind", [*KINDS, "lstm"])
+@pytest.mark.parametrize("kind", [*KINDS, *RECURRENT_KINDS])
 def test_block_mode_replays_what_step_mode_did(kind):
     """The learner recomputes an unroll in block mode from the memory it started with; its
-    log-probabilities and values must be those the actor had, episode boundaries included."""
+    log-probabilities and values must be those the actor had, episode boundaries included
+    (for the recurrent cores: their block mode steps through a block an episode starts in)."""
     agent = make_agent(kind).eval()
     B, T = 3, 8
     rng = np.random.default_rng(1)

@@ -1,0 +1,159 @@
+"""Any Gymnasium env from the command line (env=gym): every kind of observation and action
+space, the config errors of the ones the agent cannot take, the previous action and reward as
+inputs, MMER, POPGym; and the word-window agent's parameters, which checkpoints rely on."""
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from fake_envs import FLOAT_VALUE
+from hydra import compose, initialize_config_dir
+from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RUN
+
+from agents.encoders import FlatEncoder
+from scripts import load_script
+from training import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+FAKE = ["env=gym", "env.id=fake_envs:FakeSpaces-v0", "eval.after_training=false"]
+TWO_UPDATES = f"total_steps={2 * STEPS_PER_UPDATE}"
+
+
+def run(args, run_dir):
+    """train_rl.py in a subprocess that can import the fake envs (this directory)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "tests"))
+    command = [sys.executable, str(ROOT / "train_rl.py"), *args, f"hydra.run.dir={run_dir}"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+
+
+def compose_rl(overrides):
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        return compose("rl", overrides=overrides)
+
+
+@pytest.mark.parametrize(
+    "observation, action, extra",
+    [
+        ("box_float", "discrete", []),
+        ("image", "multi_discrete", ["env.previous_action=true", "env.previous_reward=true"]),
+        ("discrete", "discrete", ["memory=gru", "memory.dim=16"]),
+        ("multi_discrete", "multi_discrete", ["memory=lstm", "memory.dim=16"]),
+        ("tuple", "discrete", ["env.vectorization=async", "env.max_episode_steps=3"]),
+    ],  # (a Dict observation: test_a_gym_run_resumes_and_evaluates)
+)
+def test_every_space_kind_trains_from_the_command_line(tmp_path, observation, action, extra):
+    memory = [] if any(arg.startswith("memory=") for arg in extra) else TINY_MEMORY
+    kinds = [f"+env.kwargs.observation={observation}", f"+env.kwargs.action={action}"]
+    result = run([*FAKE, *kinds, *TINY_RUN, *memory, *extra, TWO_UPDATES], tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert [line["step"] for line in lines] == [STEPS_PER_UPDATE, 2 * STEPS_PER_UPDATE]
+    if "env.max_episode_steps=3" in extra:  # the step limit truncates: no is_success
+        assert all(line["episode_length"] == 3 and line["success"] is None for line in lines)
+    else:
+        assert all(line["episode_length"] == 5 and 0 <= line["success"] <= 1 for line in lines)
+    returns = [line["return"] for line in lines]
+    assert [line["mmer"] for line in lines] == [returns[0], max(returns)]
+
+
+def test_a_gym_run_resumes_and_evaluates(tmp_path):
+    """A Dict observation, an agent that sees its previous action: resumed, the run keeps its
+    MMER (the running maximum of the interval mean return); mode=eval evaluates it."""
+    kinds = ["+env.kwargs.observation=dict", "+env.kwargs.action=multi_discrete"]
+    args = [*FAKE, *kinds, "env.previous_action=true", *TINY_RUN, *TINY_MEMORY]
+    result = run([*args, TWO_UPDATES], tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    result = run([*args, f"total_steps={4 * STEPS_PER_UPDATE}", "resume=true"], tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    returns = [line["return"] for line in lines]
+    assert [line["mmer"] for line in lines] == [max(returns[: i + 1]) for i in range(4)]
+    best = torch.load(tmp_path / "run" / "best.pt", weights_only=True)["best"]
+    assert best["metric"] == "success"  # the env reports is_success
+
+    result = run(["mode=eval", f"checkpoint={tmp_path / 'run'}", "eval.episodes=8"], tmp_path / "e")
+    assert result.returncode == 0, result.stderr
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    assert outcome["episodes"] >= 8 and outcome["episode_length"] == 5
+    assert 0 <= outcome["success"] <= 1
+
+
+def test_float_observations_reach_the_encoder_unchanged(tmp_path, monkeypatch):
+    """The observation buffer keeps each observation's dtype: a float of 0.37 is not cut to a
+    uint8 0 on its way to the encoder, while acting or learning."""
+    train_rl = load_script("train_rl")
+    seen = []
+    forward = FlatEncoder.forward
+    monkeypatch.setattr(
+        FlatEncoder, "forward", lambda self, obs: (seen.append(obs), forward(self, obs))[1]
+    )
+    monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
+    cfg = compose_rl([*FAKE, *TINY_RUN, *TINY_MEMORY, f"total_steps={STEPS_PER_UPDATE}"])
+    train_rl.train(cfg, None)
+    acting, learning = seen[0], seen[-1]  # (B, 2, 3), then a minibatch (B/2, T, 2, 3)
+    assert acting.shape == (4, 2, 3) and learning.shape == (2, 10, 2, 3)
+    for obs in (acting, learning):
+        assert obs.dtype == torch.float32
+        assert (obs[..., 0, 0] == np.float32(FLOAT_VALUE)).all()
+
+
+def test_a_box_action_space_is_a_one_line_config_error():
+    train_rl = load_script("train_rl")
+    cfg = compose_rl([*FAKE, "+env.kwargs.action=box"])
+    with pytest.raises(ConfigError, match="Box") as error:
+        train_rl.check_config(cfg)
+    assert "env.id=fake_envs:FakeSpaces-v0" in str(error.value) and "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("env_id", ["NoSuchEnv-v0", "no_such_module:NoSuchEnv-v0"])
+def test_an_unknown_id_is_a_one_line_config_error(env_id):
+    train_rl = load_script("train_rl")
+    with pytest.raises(ConfigError, match="pprint_registry") as error:
+        train_rl.check_config(compose_rl(["env=gym", f"env.id={env_id}"]))
+    assert f"env.id={env_id} is not a registered" in str(error.value)
+    assert "\n" not in str(error.value)
+
+
+def test_the_corridor_agent_keeps_its_parameters():
+    """A state dict of the earlier Corridor agent, whose encoder was Sequential(Linear, ReLU)
+    over the flattened word window (`encoder.0`), loads as it is into today's, which encodes
+    the window as it did: checkpoints of earlier runs stay valid."""
+    train_rl = load_script("train_rl")
+    cfg = compose_rl(["env=corridor"])  # the default agent
+    env = train_rl.make_single_env(cfg.env)
+    dim, window = cfg.memory.dim, env.observation_space.shape
+    core = train_rl.build_core(cfg.memory)
+    torch.manual_seed(0)
+    earlier = {
+        "encoder.0.weight": torch.randn(dim, math.prod(window)),
+        "encoder.0.bias": torch.randn(dim),
+        **{f"core.{key}": value for key, value in core.state_dict().items()},
+        "policy.weight": torch.randn(4, dim),
+        "policy.bias": torch.randn(4),
+        "value.weight": torch.randn(1, dim),
+        "value.bias": torch.randn(1),
+    }
+    agent = train_rl.build_agent(cfg, env.observation_space, env.action_space)
+    agent.load_state_dict(earlier)  # strict: the same names and shapes, nothing more
+    obs = torch.as_tensor(np.stack([env.reset(seed=seed)[0] for seed in range(3)]))
+    weight, bias = earlier["encoder.0.weight"], earlier["encoder.0.bias"]
+    expected = torch.relu(obs.flatten(1).float() @ weight.T + bias)
+    torch.testing.assert_close(agent.encode(obs, torch.ones(3, dtype=torch.bool)), expected)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym is not installed")
+def test_popgym_runs_from_the_command_line(tmp_path):
+    result = run(
+        ["env=popgym", *TINY_RUN, *TINY_MEMORY, "eval.after_training=false", TWO_UPDATES],
+        tmp_path / "run",
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert len(lines) == 2 and "mmer" in lines[-1] and "success" not in lines[-1]
