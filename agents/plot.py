@@ -393,7 +393,7 @@ def draw_panel(axes: Any, settings: Sequence[Setting], logx: bool = False) -> No
     metric, group = settings[0].metric, settings[0].group
     axes.set_xlabel("average memory size $|C_t|$")
     axes.set_ylabel(METRIC_LABELS.get(metric, metric))
-    axes.set_title(f"{group}: {metric} against memory size")
+    axes.set_title(group)  # the axis labels say what is plotted
     if logx:
         axes.set_xscale("log")
     axes.margins(0.1)  # room for the annotations at the edges
