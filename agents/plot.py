@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global state
 from omegaconf import OmegaConf
 
@@ -347,7 +348,7 @@ def plot_overview(panels: Sequence[Sequence[Setting]], logx: bool = False) -> Fi
     return figure
 
 
-def draw_panel(axes: Any, settings: Sequence[Setting], logx: bool = False) -> None:
+def draw_panel(axes: Axes, settings: Sequence[Setting], logx: bool = False) -> None:
     """Final metric against memory size on `axes`, a colour and marker per memory kind."""
     for kind, (label, colour, marker) in _kind_styles(s.kind for s in settings).items():
         ours = [s for s in settings if s.kind == kind and s.memory_size is not None]
