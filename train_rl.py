@@ -45,6 +45,7 @@ from agents.learners import (
     span_credit,
 )
 from agents.probes import (
+    GYM_PATH,
     SpanProbe,
     keep_new_memories,
     success_by_case,
@@ -95,7 +96,6 @@ OUTCOMES = {  # what each env reports at the end of an episode, besides return a
     "popgym": (),
 }
 INFO_KEYS = {"success": ("success", "is_success")}  # the names envs give an outcome in `info`
-GYM_PATH = ("gym", "popgym")  # env configs that take any Gymnasium id (env.id, env.kwargs)
 VECTORIZATIONS = ("auto", "sync", "async")
 ENV_META_KEYS = ("name", "id")
 LIST_IDS = "python -c 'import gymnasium; gymnasium.pprint_registry()'"

@@ -5,21 +5,29 @@
 Each SWEEP_DIR is a Hydra `-m` sweep (SWEEP_DIR/<job number>/config.yaml, metrics.jsonl),
 a single run directory, or a directory holding several of either. Writes to OUT_DIR:
 
-- runs.csv: one row per run, its final metric and memory size;
+- runs.csv: one row per run, its final metric, memory size and training time;
 - settings.csv: one row per setting, i.e. runs that differ only in their seed, with the mean
-  and standard deviation of their final metric and memory size;
-- one PNG per environment or task, e.g. corridor_success.png: every run a faint point, every
-  setting its mean with one-standard-deviation error bars; the settings of a memory kind that
-  differ only in their span (e.g. Transformer-XL at several spans) are joined by a line.
+  and standard deviation of their final metric, memory size and training time;
+- one PNG per task, e.g. corridor_success.png: every run a faint point, every setting its
+  mean with one-standard-deviation error bars; the settings of a memory kind that differ
+  only in their span (e.g. Transformer-XL at several spans) are joined by a line;
+- overview.png, all those panels side by side, when there are several.
 
 `--markdown` prints the settings as markdown tables, one per figure.
 
+The task is the env config's name (corridor, portal, ...) or the LM task's, except for the
+env configs that take any Gymnasium id (env=gym, env=popgym), where it is the id: a POPGym
+sweep gives one figure per POPGym task.
+
 A run's final metric: RL metrics are logged per interval and noisy, so it is the mean of the
 last FINAL_POINTS values; LM validation metrics are full passes over the validation prefix,
-so it is the last one. Its memory size is averaged over the same records: `valid_memory_size`
-(memory during the validation pass) for validation metrics, `memory_size` otherwise. The
-metric is `success` on Corridor, `rooms_reached` on Portal, `return` on other RL envs;
+and MMER is a running maximum, so for those it is the last one. Its memory size is averaged
+over the same records: `valid_memory_size` (memory during the validation pass) for
+validation metrics, `memory_size` otherwise. The metric is `success` on Corridor,
+`rooms_reached` on Portal, `mmer` on env=gym and env=popgym, `return` on other RL envs;
 validation bits per byte on enwik8/text and validation accuracy (or error) on other LM tasks.
+A run's training time is the sum of its logged intervals (steps over steps per second; RL
+runs only): checkpoints and evaluations are not counted.
 """
 
 from __future__ import annotations
@@ -37,14 +45,17 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global state
 from omegaconf import OmegaConf
 
+from agents.probes import GYM_PATH
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
 
 FINAL_POINTS = 5
 MEMORY_SIZE = "memory_size"
 EVAL_PREFIXES = ("valid_", "test_")  # metrics from full evaluation passes: the last one counts
+RUNNING_MAXIMA = ("mmer",)  # the best so far: the last one counts too
 TEXT_TASKS = ("enwik8", "text")
 # Config keys that do not change what a run learns; runs differing only in these (and the
 # seed) are repeats of one setting.
@@ -81,6 +92,7 @@ METRIC_LABELS = {
     "success": "success rate",
     "rooms_reached": "rooms reached",
     "return": "episode return",
+    "mmer": "MMER (best interval mean return)",
     "valid_bpb": "validation bits per byte (lower is better)",
     "valid_accuracy": "validation accuracy",
     "valid_error": "validation error (lower is better)",
@@ -100,7 +112,7 @@ class RunResult:
     """One run's row in runs.csv and faint point in the figure."""
 
     run_dir: str
-    group: str  # the environment or LM task: one figure per group
+    group: str  # the task (env config, Gymnasium id or LM task): one figure per group
     kind: str
     max_span: int | None
     seed: int
@@ -108,6 +120,7 @@ class RunResult:
     metric: str
     final: float
     memory_size: float | None
+    minutes: float | None  # training time, the sum of the logged intervals (RL runs)
     steps: int  # last logged step
     total_steps: int | None  # the run's config; steps < total_steps: still running or stopped
     config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # flat
@@ -142,6 +155,11 @@ class Setting:
         return _mean_std(sizes) if sizes else None
 
     @property
+    def minutes(self) -> tuple[float, float] | None:
+        times = [run.minutes for run in self.runs if run.minutes is not None]
+        return _mean_std(times) if times else None
+
+    @property
     def seeds(self) -> list[int]:
         return sorted(run.seed for run in self.runs)
 
@@ -163,6 +181,8 @@ SETTING_COLUMNS = [
     "final_std",
     "memory_size_mean",
     "memory_size_std",
+    "minutes_mean",
+    "minutes_std",
     "steps",
 ]
 
@@ -209,10 +229,13 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
     except yaml.YAMLError as error:
         raise PlotError(f"{run_dir / CONFIG_FILE} is not valid YAML: {error}") from error
     is_lm = "task" in cfg
-    group = str(_config_value(cfg, "task.name" if is_lm else "env.name", run_dir))
+    name = str(_config_value(cfg, "task.name" if is_lm else "env.name", run_dir))
+    group = name
+    if not is_lm and name in GYM_PATH:  # "popgym:popgym-RepeatPreviousEasy-v0": the id part
+        group = str(_config_value(cfg, "env.id", run_dir)).rpartition(":")[2]
     kind = str(_config_value(cfg, "memory.kind", run_dir))
     seed = _config_value(cfg, "seed", run_dir)
-    candidates = (metric,) if metric else _metric_candidates(group, is_lm)
+    candidates = (metric,) if metric else _metric_candidates(name, is_lm)
     metrics_path = run_dir / METRICS_FILE
     if not metrics_path.is_file():
         raise NotReadyError(f"{run_dir}: no {METRICS_FILE} yet")
@@ -226,7 +249,7 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
     if chosen is None:
         raise NotReadyError(f"{run_dir}: no values of {' or '.join(candidates)} logged yet")
     if last is None:
-        last = 1 if chosen.startswith(EVAL_PREFIXES) else FINAL_POINTS
+        last = 1 if chosen.startswith(EVAL_PREFIXES) or chosen in RUNNING_MAXIMA else FINAL_POINTS
     memory_sizes = _series(records, memory_size_key(chosen, records))
     return RunResult(
         run_dir=str(run_dir),
@@ -238,6 +261,7 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         metric=chosen,
         final=_mean_of_last(_series(records, chosen), last),
         memory_size=_mean_of_last(memory_sizes, last) if memory_sizes else None,
+        minutes=training_minutes(records),
         steps=int(records[-1]["step"]),
         total_steps=OmegaConf.select(cfg, "total_steps"),
         config=_flatten(OmegaConf.to_container(cfg)),
@@ -250,6 +274,18 @@ def memory_size_key(metric: str, records: list[dict[str, Any]]) -> str:
     return (
         prefix + MEMORY_SIZE if prefix and _series(records, prefix + MEMORY_SIZE) else MEMORY_SIZE
     )
+
+
+def training_minutes(records: list[dict[str, Any]]) -> float | None:
+    """The sum of the logged intervals' durations (their steps over their steps per second),
+    or None if the run logs no `sps` (LM runs)."""
+    seconds, previous = 0.0, 0
+    for record in records:
+        if not record.get("sps"):
+            return None
+        seconds += (record["step"] - previous) / record["sps"]
+        previous = record["step"]
+    return seconds / 60
 
 
 def label_settings(results: Sequence[RunResult]) -> list[RunResult]:
@@ -295,7 +331,25 @@ def summarize(results: Iterable[RunResult]) -> list[Setting]:
 def plot_panel(settings: Sequence[Setting], logx: bool = False) -> Figure:
     """One figure: final metric against memory size, a colour and marker per memory kind."""
     figure = Figure(figsize=(5.5, 4), layout="constrained")
-    axes = figure.subplots()
+    draw_panel(figure.subplots(), settings, logx)
+    return figure
+
+
+def plot_overview(panels: Sequence[Sequence[Setting]], logx: bool = False) -> Figure:
+    """The panels of several figures (e.g. one per POPGym task) in one image, 3 to a row."""
+    columns = min(3, len(panels))
+    rows = math.ceil(len(panels) / columns)
+    figure = Figure(figsize=(5.5 * columns, 4 * rows), layout="constrained")
+    axes = figure.subplots(rows, columns, squeeze=False).flatten()
+    for ax, settings in zip(axes, panels, strict=False):
+        draw_panel(ax, settings, logx)
+    for ax in axes[len(panels) :]:
+        ax.set_axis_off()
+    return figure
+
+
+def draw_panel(axes: Axes, settings: Sequence[Setting], logx: bool = False) -> None:
+    """Final metric against memory size on `axes`, a colour and marker per memory kind."""
     for kind, (label, colour, marker) in _kind_styles(s.kind for s in settings).items():
         ours = [s for s in settings if s.kind == kind and s.memory_size is not None]
         if not ours:
@@ -340,13 +394,12 @@ def plot_panel(settings: Sequence[Setting], logx: bool = False) -> Figure:
     metric, group = settings[0].metric, settings[0].group
     axes.set_xlabel("average memory size $|C_t|$")
     axes.set_ylabel(METRIC_LABELS.get(metric, metric))
-    axes.set_title(f"{group}: {metric} against memory size")
+    axes.set_title(group)  # the axis labels say what is plotted
     if logx:
         axes.set_xscale("log")
     axes.margins(0.1)  # room for the annotations at the edges
     axes.grid(alpha=0.3)
     axes.legend()
-    return figure
 
 
 def markdown_table(settings: Sequence[Setting]) -> str:
@@ -354,14 +407,16 @@ def markdown_table(settings: Sequence[Setting]) -> str:
     metric = settings[0].metric
     with_setting = any(s.setting for s in settings)
     header = ["memory", "max span", *(["setting"] if with_setting else []), "runs"]
-    header += ["memory size", metric, "steps"]
+    header += ["memory size", metric, "steps", "minutes"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in settings:
         label = KIND_STYLES.get(s.kind, (s.kind,))[0]
         row = [label, "" if s.max_span is None else str(s.max_span)]
         row += [s.setting] if with_setting else []
         size = "" if s.memory_size is None else _mean_std_text(*s.memory_size, len(s.runs))
+        minutes = "" if s.minutes is None else _mean_std_text(*s.minutes, len(s.runs))
         row += [str(len(s.runs)), size, _mean_std_text(*s.final, len(s.runs)), f"{s.steps:,}"]
+        row.append(minutes)
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -380,10 +435,10 @@ def write_settings_csv(settings: Sequence[Setting], path: Path) -> None:
         writer = csv.writer(file, lineterminator="\n")
         writer.writerow(SETTING_COLUMNS)
         for s in settings:
-            size_mean, size_std = s.memory_size or ("", "")
             writer.writerow(
                 [s.group, s.metric, s.kind, s.max_span, s.setting, len(s.runs)]
-                + [" ".join(map(str, s.seeds)), *s.final, size_mean, size_std, s.steps]
+                + [" ".join(map(str, s.seeds)), *s.final, *(s.memory_size or ("", ""))]
+                + [*(s.minutes or ("", "")), s.steps]
             )
 
 
@@ -420,7 +475,8 @@ def plot_sweeps(
     last: int | None = None,
     logx: bool = False,
 ) -> tuple[list[Path], list[Setting]]:
-    """Read every run, write runs.csv, settings.csv and one PNG per (group, metric).
+    """Read every run, write runs.csv, settings.csv, one PNG per (group, metric) and, when
+    there are several, overview.png with all of them.
 
     Returns the written paths and the settings (in figure order, as in settings.csv).
     """
@@ -430,15 +486,23 @@ def plot_sweeps(
     written = [out_dir / "runs.csv", out_dir / "settings.csv"]
     write_runs_csv(results, written[0])
     write_settings_csv(settings, written[1])
+    panels = []
     for (group, group_metric), panel in _by_figure(settings).items():
         if all(s.memory_size is None for s in panel):
             print(f"{group}: no run logged a memory size; no figure", file=sys.stderr)
             continue
-        path = out_dir / f"{_file_name(group)}_{group_metric}.png"
-        with atomic_open(path, "wb") as file:  # a sweep can be replotted while it runs
-            plot_panel(panel, logx).savefig(file, format="png", dpi=150)
-        written.append(path)
+        panels.append(panel)
+        written.append(out_dir / f"{_file_name(group)}_{group_metric}.png")
+        _save_png(plot_panel(panel, logx), written[-1])
+    if len(panels) > 1:
+        written.append(out_dir / "overview.png")
+        _save_png(plot_overview(panels, logx), written[-1])
     return written, settings
+
+
+def _save_png(figure: Figure, path: Path) -> None:
+    with atomic_open(path, "wb") as file:  # a sweep can be replotted while it runs
+        figure.savefig(file, format="png", dpi=150)
 
 
 def _note(setting: Setting, show_span: bool) -> str:
@@ -457,8 +521,8 @@ def _by_figure(settings: Iterable[Setting]) -> dict[tuple[str, str], list[Settin
     return figures
 
 
-def _metric_candidates(group: str, is_lm: bool) -> tuple[str, ...]:
-    name = group.lower()
+def _metric_candidates(name: str, is_lm: bool) -> tuple[str, ...]:
+    name = name.lower()
     if is_lm:
         if name in TEXT_TASKS:
             return ("valid_bpb", "bpb")
@@ -467,6 +531,8 @@ def _metric_candidates(group: str, is_lm: bool) -> tuple[str, ...]:
         return ("success",)
     if "portal" in name:
         return ("rooms_reached",)
+    if name in GYM_PATH:
+        return ("mmer",)
     return ("return",)
 
 

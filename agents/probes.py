@@ -32,6 +32,7 @@ TASK_METRICS = {
     "minigrid_memory": "success",
     "popgym": "return",
 }
+GYM_PATH = ("gym", "popgym")  # env configs that take any Gymnasium id (env.id, env.kwargs)
 
 
 def task_metric(env_name: str, records: Sequence[Mapping[str, Any]]) -> str:

@@ -157,3 +157,17 @@ def test_popgym_runs_from_the_command_line(tmp_path):
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert len(lines) == 2 and "mmer" in lines[-1] and "success" not in lines[-1]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym is not installed")
+def test_the_default_agent_learns_repeat_previous(tmp_path):
+    """The default agent (expire_span, PPO 8 x 8, 32 environments) on POPGym's
+    RepeatPreviousEasy from the command line: a random policy's return is about -0.5. Measured
+    on one shared CPU core (about 2,000 steps/s): -0.40 at 32k steps, 0.80 at 64k, 0.96 at 96k,
+    in about 50 s; the threshold leaves a wide margin."""
+    args = ["env=popgym", "total_steps=96000", "log_interval=2", "wandb.mode=disabled"]
+    result = run([*args, "eval.after_training=false"], tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert lines[-1]["step"] == 96000
+    assert lines[0]["return"] < 0 and lines[-1]["mmer"] >= 0.5

@@ -204,6 +204,63 @@ def test_settings_split_on_what_differs_but_not_on_bookkeeping(tmp_path):
     assert len(expire.get_xydata()) == 2
 
 
+def test_a_popgym_sweep_is_grouped_by_task_and_memory_kind(tmp_path, capsys):
+    """env=popgym runs differ in env.id: one figure and table per task, each setting a memory
+    kind; the metric is MMER (the last value: it is a running maximum), the time the sum of
+    the logged intervals."""
+    tasks = ["RepeatPreviousEasy", "BattleshipEasy"]
+    expected = {}
+    job = 0
+    for task in tasks:
+        for kind, span in (("expire_span", 200), ("gru", None)):
+            for seed in (0, 1):
+                returns = [-0.5 + 0.1 * i + 0.05 * seed + 0.01 * job for i in range(8)]
+                returns[5] = 0.9  # the best interval: MMER stays there
+                records = [
+                    {
+                        "step": 6400 * (i + 1),
+                        "return": r,
+                        "mmer": max(returns[: i + 1]),
+                        "memory_size": 10.0 * (span is not None) + 1 + seed,
+                        "sps": 1000.0 + 100 * seed,
+                    }
+                    for i, r in enumerate(returns)
+                ]
+                cfg = rl_config(kind, span, seed, env="popgym")
+                cfg["env"]["id"] = f"popgym:popgym-{task}-v0"
+                make_run(tmp_path / "sweep" / str(job), cfg, records)
+                minutes = 8 * 6400 / records[0]["sps"] / 60
+                expected.setdefault((f"popgym-{task}-v0", kind), []).append(
+                    (0.9, records[-1]["memory_size"], minutes)
+                )
+                job += 1
+
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "sweep"), "--out", str(out), "--markdown"]) == 0
+    rows = read_csv(out / "settings.csv")
+    assert [(row["group"], row["kind"]) for row in rows] == sorted(
+        expected, key=lambda key: (key[0], key[1] == "gru")
+    )
+    for row in rows:
+        runs = expected[row["group"], row["kind"]]
+        assert (row["metric"], row["runs"], row["seeds"]) == ("mmer", "2", "0 1")
+        assert float(row["final_mean"]) == pytest.approx(0.9)
+        assert float(row["memory_size_mean"]) == pytest.approx(
+            statistics.mean(m for _, m, _ in runs)
+        )
+        assert float(row["minutes_mean"]) == pytest.approx(statistics.mean(t for *_, t in runs))
+        assert float(row["minutes_std"]) == pytest.approx(statistics.stdev(t for *_, t in runs))
+    for task in tasks:
+        assert imread(out / f"popgym-{task}-v0_mmer.png").shape[:2] == FIGURE_SHAPE
+    assert imread(out / "overview.png").shape[:2] == (FIGURE_SHAPE[0], 2 * FIGURE_SHAPE[1])
+
+    stdout = capsys.readouterr().out
+    assert "popgym-BattleshipEasy-v0, mmer:" in stdout and "popgym-RepeatPreviousEasy-v0" in stdout
+    assert "| memory | max span | runs | memory size | mmer | steps | minutes |" in stdout
+    minutes = statistics.mean(t for *_, t in expected["popgym-BattleshipEasy-v0", "gru"])
+    assert f"| GRU |  | 2 | 1.5 ± 0.71 | 0.9 ± 0 | 51,200 | {minutes:.3g} ± " in stdout
+
+
 @pytest.mark.parametrize(
     ("cfg", "logged", "metric", "last"),
     [
@@ -353,12 +410,12 @@ def test_real_sweep_points_and_csv_match_the_metrics_files(real_sweep, tmp_path,
     assert table[:4] == [
         "corridor, success:",
         "",
-        "| memory | max span | runs | memory size | success | steps |",
-        "|---|---|---|---|---|---|",
+        "| memory | max span | runs | memory size | success | steps | minutes |",
+        "|---|---|---|---|---|---|---|",
     ]
     (_, success, memory_size, _) = expected[0]
     cells = [cell.strip() for cell in table[4].strip("|").split("|")]
-    assert cells[:3] == ["Expire-Span", "16", "1"] and cells[5] == "280"
+    assert cells[:3] == ["Expire-Span", "16", "1"] and cells[5] == "280" and float(cells[6]) > 0
     # three significant digits (compared as numbers: the last digit may round either way)
     for cell, value in zip(cells[3:5], (memory_size, success), strict=True):
         assert len(cell.replace(".", "").lstrip("0")) <= 3
