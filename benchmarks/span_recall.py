@@ -64,6 +64,7 @@ def train(
     lr: float = 5e-3,
     span_lr_scale: float = 1.0,
     layers: int = 1,
+    renormalise: bool = True,
     log: int = 250,
 ) -> Iterator[dict]:
     """Train the recall model; every ``log`` steps yield a record of the step's batch and of
@@ -82,6 +83,7 @@ def train(
         ramp=ramp,
         aux_loss_coef=alpha,
         init_span_fraction=0.5,
+        renormalise=renormalise,
     )
     model = RecallModel(cfg)
     optimizer = make_optimizer(model, "adam", lr, span_lr_scale)
@@ -129,6 +131,12 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=5e-3)
     parser.add_argument("--span-lr-scale", type=float, default=1.0)
     parser.add_argument("--layers", type=int, default=1)
+    parser.add_argument(
+        "--no-renormalise",
+        dest="renormalise",
+        action="store_false",
+        help="masked attention weights m a without eq. 4's renormalisation",
+    )
     parser.add_argument("--log", type=int, default=250)
     args = parser.parse_args()
     torch.set_num_threads(1)

@@ -4,8 +4,9 @@ A query at time t of batch element b may attend to memory i (time index i) when 
 the same episode (i >= the episode begin seen by that query) and i <= t (causal; the
 query sees itself). On top of that each kind defines a mask m_ti in [0, 1] (``mask``);
 the attention weights are multiplied by it and renormalised (eq. 4, in
-``memory.attention``). A memory whose mask is 0 for the next query can never be seen
-again (every mask here only shrinks as t grows) and is deleted (``alive``).
+``memory.attention``; ``memory.renormalise=false`` leaves them unnormalised). A memory
+whose mask is 0 for the next query can never be seen again (every mask here only shrinks
+as t grows) and is deleted (``alive``).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ class MemoryKind(nn.Module):
         super().__init__()
         self.max_span = cfg.max_span
         self.window = cfg.block_len - 1  # memories before a call that can get a position term
+        self.renormalise = cfg.renormalise
 
     # --- what subclasses define ------------------------------------------------------
     def span(self, hidden: Tensor, position: Tensor, call: Call) -> Tensor | None:
@@ -146,7 +148,10 @@ class MemoryKind(nn.Module):
             m = m * (within[:, None] if m.dim() == 4 else within)
         if m.dim() == 3:
             m = m[:, None]
-        segment = Segment(slots.keys, slots.values, log_mask(m, call.dtype))
+        if m.dtype == torch.bool or self.renormalise:
+            segment = Segment(slots.keys, slots.values, log_mask(m, call.dtype))
+        else:
+            segment = Segment(slots.keys, slots.values, log_mask(m > 0, call.dtype), m)
         if not call.in_place:
             memory = self.delete(slots, call, self.alive)
         return Read([segment], *self.window_of(slots.position, call), aux_loss, count, memory)

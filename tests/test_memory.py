@@ -8,6 +8,8 @@ import torch
 from memory import KINDS, MemoryConfig, MemoryTransformer
 
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
+# every kind with eq. 4's renormalisation, and the soft masks without it
+MASKINGS = [(kind, True) for kind in KINDS] + [("expire_span", False), ("adaptive_span", False)]
 
 
 @pytest.fixture(autouse=True)
@@ -72,9 +74,9 @@ def run_steps(core, x, starts, state=None):
     return torch.stack(outputs, 1), state
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_step_mode_equals_block_mode(kind):
-    core = make_core(kind)
+@pytest.mark.parametrize(("kind", "renormalise"), MASKINGS)
+def test_step_mode_equals_block_mode(kind, renormalise):
+    core = make_core(kind, renormalise=renormalise)
     x = torch.randn(3, 40, 16)
     starts = episode_starts(3, 40)
     with torch.no_grad():
@@ -84,11 +86,11 @@ def test_step_mode_equals_block_mode(kind):
         assert (blocked - stepped).abs().max() < TOLERANCE, block
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_gradients_do_not_change_outputs(kind):
+@pytest.mark.parametrize(("kind", "renormalise"), MASKINGS)
+def test_gradients_do_not_change_outputs(kind, renormalise):
     """With gradients, memory keys/values/spans are recomputed from the stored memories and
     step mode runs as a block of one; the outputs must not change."""
-    core = make_core(kind)
+    core = make_core(kind, renormalise=renormalise)
     x = torch.randn(3, 24, 16)
     starts = episode_starts(3, 24)
     with torch.no_grad():

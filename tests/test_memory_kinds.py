@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from memory import MemoryConfig, MemoryTransformer
-from memory.attention import log_mask
+from memory.attention import MemoryAttention, Segment, log_mask
 from memory.compressive import mean_pool
 from memory.expire_span import (
     SpanPredictor,
@@ -137,6 +137,84 @@ def test_mask_gradient_is_zero_off_the_ramp_and_finite_through_the_log():
     assert m.tolist() == [[[1.0, 0.25, 0.0]]]
     assert span.grad[0, 0] == 0 and span.grad[0, 2] == 0 and span.grad[0, 1] != 0
     assert torch.isfinite(span.grad).all()
+
+
+def attend(scores: torch.Tensor, m: torch.Tensor, values: torch.Tensor, renormalise: bool):
+    """MemoryAttention's output before W_o for one query with scores q.k_i = ``scores`` (N,),
+    mask m_i and values (N, dim), as a memory kind hands it its keys (``MemoryKind.read``)."""
+    length, dim = values.shape
+    attention = MemoryAttention(MemoryConfig(dim=dim, num_heads=1, block_len=2))
+    with torch.no_grad():
+        attention.out.weight.copy_(torch.eye(dim))
+        attention.out.bias.zero_()
+    q = torch.zeros(1, 1, 1, dim)
+    q[..., 0] = dim**0.5  # undoes the 1/sqrt(head_dim) scale
+    keys = torch.zeros(1, 1, dim, length)
+    keys[0, 0, 0] = scores
+    m = m.view(1, 1, 1, length)
+    if renormalise:
+        segment = Segment(keys, values[None, None], log_mask(m, torch.float32))
+    else:
+        segment = Segment(keys, values[None, None], log_mask(m > 0, torch.float32), m)
+    far = torch.full((1, length), 2)  # beyond block_len: no position term
+    return attention(q, [segment], length, far).view(dim)
+
+
+@pytest.mark.parametrize("renormalise", [True, False])
+def test_masked_attention_is_eq_4_or_unnormalised(renormalise):
+    scores = torch.tensor([2.0, 0.0, 0.5, -1.0])
+    m = torch.tensor([0.25, 1.0, 0.0, 0.5])
+    values = torch.randn(4, 8)
+    weights = m[m > 0] * torch.softmax(scores[m > 0], -1)  # softmax over the kept memories
+    if renormalise:
+        weights = weights / weights.sum()  # eq. 4
+    expected = weights @ values[m > 0]
+    assert torch.allclose(attend(scores, m, values, renormalise), expected, atol=1e-6)
+
+
+def test_a_memory_the_attention_saturates_on_gets_a_mask_gradient_only_unnormalised():
+    """d o / d m_cue for a memory with weight a_cue = 0.999: about 0 with eq. 4 (the output
+    is the cue's value for any m above e^-(score gap)), a_cue v_cue without renormalising."""
+    scores = torch.tensor([9.0, 0.0, 0.0, 0.0])
+    values = torch.randn(4, 8)
+    a_cue = torch.softmax(scores, -1)[0]
+    grads = {}
+    for renormalise in (True, False):
+        m = torch.tensor([0.5, 1.0, 1.0, 1.0], requires_grad=True)
+        (attend(scores, m, values, renormalise) @ values[0]).backward()
+        grads[renormalise] = m.grad[0].item()
+    assert grads[False] == pytest.approx((a_cue * values[0] @ values[0]).item(), rel=1e-5)
+    assert abs(grads[True]) < 0.01 * abs(grads[False])
+
+
+def hold_span(renormalise: bool, steps: int = 400, distance: int = 20) -> list[float]:
+    """A query at age ``distance`` needs the cue's value and its attention saturates on the
+    cue; the span's logit trains with Adam against the penalty alpha * e, as the learner's
+    steps do. Returns m at the query after each step."""
+    max_span, ramp, alpha = 32, 4.0, 0.05
+    scores = torch.tensor([9.0, 0.0, 0.0, 0.0])
+    values = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
+    logit = torch.tensor(1.5, requires_grad=True)  # e = 26.4: m = 1 at the query
+    optimizer = torch.optim.Adam([logit], lr=0.03)
+    history = []
+    for _ in range(steps):
+        span = max_span * torch.sigmoid(logit)
+        m_cue = expire_mask(torch.tensor([[-float(distance)]]), span.view(1, 1), None, ramp)
+        m = torch.cat([m_cue.view(1), torch.ones(3)])
+        task = (attend(scores, m, values, renormalise) - values[0]).pow(2).sum()
+        optimizer.zero_grad()
+        (task + alpha * span).backward()
+        optimizer.step()
+        history.append(m_cue.item())
+    return history
+
+
+def test_unnormalised_masks_hold_the_span_a_saturated_attention_needs():
+    """With eq. 4 the penalty takes the cue's span down to the cliff, where the output loses
+    the cue; unnormalised, the task's gradient along the ramp holds it."""
+    paper, unnormalised = hold_span(renormalise=True), hold_span(renormalise=False)
+    assert min(unnormalised[-100:]) > 0.9
+    assert max(paper[-100:]) < 0.1
 
 
 def test_deleting_expired_memories_changes_no_output():
