@@ -18,7 +18,9 @@ from agents.learners import (
     ppo_loss,
 )
 from agents.probes import keep_new_memories, success_by_case
+from agents.span_drift import drift_split
 from memory import KINDS, MemoryConfig, MemoryTransformer, span_parameters
+from memory.expire_span import SpanPredictor
 
 OBS_SHAPE = (3, 3, 7)
 WINDOW = spaces.Box(0, 1, OBS_SHAPE, np.uint8)  # a MazeBase word window
@@ -322,3 +324,28 @@ def test_minibatches_are_as_many_as_configured_and_cover_every_sequence(count):
     sizes = [len(index) for index in sets]
     assert max(sizes) - min(sizes) <= 1
     assert sorted(torch.cat(sets).tolist()) == list(range(32))
+
+
+def test_span_drift_separates_a_moved_input_from_a_moved_predictor():
+    cfg = MemoryConfig(dim=8, max_span=100, init_span_fraction=0.5)
+    first, second = SpanPredictor(cfg), SpanPredictor(cfg)
+    with torch.no_grad():
+        first.linear.weight.fill_(0.5)
+        second.linear.weight.fill_(0.5)
+        second.linear.bias.fill_(-1.0)
+    h = torch.randn(5, 8)
+    moved = h + 0.3
+    [only_predictor] = drift_split([first, second], [h, h])
+    assert only_predictor["by_input"] == 0
+    assert only_predictor["by_predictor"] == pytest.approx(
+        (second(h) - first(h)).mean().item(), abs=1e-5
+    )
+    assert only_predictor["span_after"] - only_predictor["span_before"] == pytest.approx(
+        only_predictor["by_predictor"], abs=1e-4
+    )
+    [only_input] = drift_split([first, first], [h, moved])
+    assert only_input["by_predictor"] == 0
+    assert only_input["by_input"] == pytest.approx(
+        (first(moved) - first(h)).mean().item(), abs=1e-5
+    )
+    assert only_input["by_input"] > 0  # w.(h + 0.3) = w.h + 1.2

@@ -341,3 +341,27 @@ def test_expire_span_agent_solves_the_short_corridor(tmp_path):
     best = max(sum(success[i : i + 2]) / 2 for i in range(len(success) - 1))
     assert best >= 0.9, [round(value, 3) for value in success]
     assert lines[-1]["memory_size"] < 20
+
+
+def test_span_drift_splits_each_change_into_input_and_predictor(tmp_path):
+    """agents.span_drift on a tiny run's kept checkpoints: one line per layer, first
+    observation and checkpoint pair, whose parts follow their definitions."""
+    run_dir = tmp_path / "run"
+    args = [
+        *TINY_RL,
+        "checkpoint_interval=1",
+        "checkpoint_keep=3",
+        f"total_steps={3 * STEPS_PER_UPDATE}",
+    ]
+    assert run(args, run_dir).returncode == 0
+    result = subprocess.run(
+        [sys.executable, "-m", "agents.span_drift", str(run_dir), "--episodes", "8"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert {r["layer"] for r in rows} == {0, 1} and {r["step"] for r in rows} == {80, 120}
+    assert sum(r["episodes"] for r in rows if r["layer"] == 0 and r["step"] == 80) == 8
+    for r in rows:
+        assert 0 <= r["span_before"] <= 16 and 0 <= r["span_after"] <= 16
+        assert -16 <= r["by_input"] <= 16 and -16 <= r["by_predictor"] <= 16
