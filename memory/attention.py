@@ -97,9 +97,15 @@ class MemoryAttention(nn.Module):
         return kv[:, :, 0].permute(0, 2, 3, 1), kv[:, :, 1].transpose(1, 2)
 
     def forward(
-        self, q: Tensor, segments: list[Segment], width: int, window: Tensor | None
-    ) -> Tensor:
-        """Attend with queries q (B, H, Q, hd) over the segments' keys.
+        self,
+        q: Tensor,
+        segments: list[Segment],
+        width: int,
+        window: Tensor | None,
+        keep_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend with queries q (B, H, Q, hd) over the segments' keys; returns the output
+        and, with ``keep_weights``, the attention weights a'_ti (B, H, Q, keys), detached.
 
         The last ``width`` keys of the last segment are those that can be closer than
         block_len to a query (the most recent memories and the call's own steps). ``window``
@@ -127,6 +133,7 @@ class MemoryAttention(nn.Module):
         if segments[0].scale is not None:  # unnormalised: m_ti a_ti
             scale = [s.scale for s in segments]
             weights = weights * (scale[0] if len(scale) == 1 else torch.cat(scale, -1))
+        kept = weights.detach() if keep_weights else None
         if self.dropout.p > 0:
             weights = self.dropout(weights)
         if len(segments) == 1:
@@ -135,7 +142,7 @@ class MemoryAttention(nn.Module):
             parts = weights.split([s.values.shape[2] for s in segments], -1)
             out = sum(torch.matmul(w, s.values) for w, s in zip(parts, segments, strict=True))
         out = out.transpose(1, 2).reshape(batch, length, heads * self.head_dim)
-        return self.out(out)
+        return self.out(out), kept
 
     def position_term(self, q: Tensor, width: int, window: Tensor | None) -> Tensor:
         """q_t . p_{t-i} for the last ``width`` keys, 0 where t - i >= block_len (A.1)."""

@@ -38,6 +38,11 @@ class MemoryConfig:
     # noise N(0, span_noise^2) to the span predictor's logit, and the learner credits that
     # noise with the return that followed (``span_credit``): a policy gradient on spans. 0: off.
     span_noise: float = 0.0
+    # expire_span: spans held where the attention relies on a memory. A memory that a query
+    # gave more than attended_threshold of its attention at age n is pulled up to e_i >= n
+    # with weight attended_span_coef per step short, per query (0: off, the paper's loss).
+    attended_span_coef: float = 0.0
+    attended_threshold: float = 0.5
     compress_rate: int = 4  # c: compressive memories pool groups of c evicted memories
     compressed_span: int | None = None  # compressive: compressed memories kept (None: max_span)
 
@@ -62,6 +67,15 @@ class MemoryConfig:
             raise ValueError(f"memory.aux_loss_coef must be >= 0, got {self.aux_loss_coef}")
         if not (math.isfinite(self.span_noise) and self.span_noise >= 0):
             raise ValueError(f"memory.span_noise must be >= 0 (0: off), got {self.span_noise}")
+        if not (math.isfinite(self.attended_span_coef) and self.attended_span_coef >= 0):
+            raise ValueError(
+                f"memory.attended_span_coef must be >= 0 (0: off), got {self.attended_span_coef}"
+            )
+        if not 0.0 < self.attended_threshold < 1.0:
+            raise ValueError(
+                "memory.attended_threshold is a share of a query's attention and must be in "
+                f"(0, 1), got {self.attended_threshold}"
+            )
         if not 0.0 < self.init_span_fraction < 1.0:
             raise ValueError(
                 "memory.init_span_fraction is the initial span as a fraction of max_span and "

@@ -106,6 +106,19 @@ def expire_mask(relative: Tensor, span: Tensor, offsets: Tensor | None, ramp: fl
     return ramp_mask(1 + (span + relative) / ramp, offsets, ramp)
 
 
+def attended_span_loss(
+    weights: Tensor, position: Tensor, span: Tensor, query_position: Tensor, threshold: float
+) -> Tensor:
+    """sum_i max(0, n_i - e_i), n_i the oldest age t - i at which a query gave memory i more
+    than ``threshold`` of its attention (largest over heads): a memory the attention relies on
+    at age n should be seen whole (m = 1) at that age. ``weights`` (B, H, Q, N), memories at
+    ``position`` (B, N) with spans ``span`` (B, N), queries at ``query_position`` (B, Q)."""
+    relied_on = weights.amax(1) > threshold  # (B, Q, N)
+    age = (query_position[:, :, None] - position[:, None, :]).to(span.dtype)
+    oldest = torch.where(relied_on, age, torch.zeros_like(age)).amax(1)
+    return (oldest - span).clamp_min(0).sum()
+
+
 def expire_span_loss(mask: Tensor, span: Tensor, ramp: float, coef: float) -> Tensor:
     """alpha / (R T) * sum of e_i over the (query, memory) pairs on the ramp (eq. 7, 4.2).
 
@@ -126,6 +139,9 @@ class ExpireSpan(MemoryKind):
         self.ramp = cfg.ramp
         self.coef = cfg.aux_loss_coef
         self.noise_std = cfg.span_noise
+        self.attended_coef = cfg.attended_span_coef
+        self.attended_threshold = cfg.attended_threshold
+        self.learns_from_attention = cfg.attended_span_coef > 0
         self.predictor = SpanPredictor(cfg)
 
     def explores(self, call: Call) -> bool:
@@ -142,6 +158,12 @@ class ExpireSpan(MemoryKind):
 
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
         return expire_mask(relative, span, offsets, self.ramp)
+
+    def attention_loss(self, weights: Tensor, slots: Slots, call: Call) -> Tensor:
+        shortfall = attended_span_loss(
+            weights, slots.position, slots.span, call.positions, self.attended_threshold
+        )
+        return shortfall * (self.attended_coef / (weights.shape[0] * weights.shape[2]))
 
     def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         loss = expire_span_loss(mask, slots.span, self.ramp, self.coef)

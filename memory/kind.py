@@ -71,6 +71,7 @@ class Read(NamedTuple):
     count: Tensor  # sum over queries of the number of keys with m_ti > 0 (mean over heads)
     memory: SlotStore  # this layer's memory after the call
     compressed: SlotStore | None = None  # compressive: compressed memories after the call
+    slots: Slots | None = None  # the keys' memories, in order (``attention_loss``)
 
 
 def span_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -91,6 +92,7 @@ class MemoryKind(nn.Module):
     """How one layer masks, penalises and deletes its memories. Subclasses: one per paper."""
 
     stores_span = False  # a span per memory (``span``) is stored with it
+    learns_from_attention = False  # ``attention_loss`` is taken in training
     compresses = False  # the state holds compressed memories besides the recent ones
 
     def __init__(self, cfg: MemoryConfig) -> None:
@@ -119,6 +121,11 @@ class MemoryKind(nn.Module):
     def span_parameters(self) -> list[nn.Parameter]:
         """The parameters that set how long memories are kept (learned spans), if any."""
         return []
+
+    def attention_loss(self, weights: Tensor, slots: Slots, call: Call) -> Tensor:
+        """A loss on the memories from the attention weights the call's queries gave them,
+        (B, H, Q, N) in the order of ``slots``, detached (``learns_from_attention``)."""
+        raise NotImplementedError
 
     # --- shared machinery ------------------------------------------------------------
     def read(
@@ -154,7 +161,8 @@ class MemoryKind(nn.Module):
             segment = Segment(slots.keys, slots.values, log_mask(m > 0, call.dtype), m)
         if not call.in_place:
             memory = self.delete(slots, call, self.alive)
-        return Read([segment], *self.window_of(slots.position, call), aux_loss, count, memory)
+        window = self.window_of(slots.position, call)
+        return Read([segment], *window, aux_loss, count, memory, slots=slots)
 
     def within(self, slots: Slots, call: Call) -> Tensor:
         """Random memory shortening (4.2): t - i <= l for the call's l, (B, Q, N)."""

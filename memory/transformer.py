@@ -66,7 +66,12 @@ class MemoryLayer(nn.Module):
         q, k, v = self.attention.project(x)
         new = Slots(x, k, v, call.positions, self.memory.span(x, call.positions, call))
         read = self.memory.read(self.attention, memory, compressed, new, call)
-        h = h + self.residual(self.attention(q, read.segments, read.width, read.window))
+        keep = self.memory.learns_from_attention and torch.is_grad_enabled()
+        attended, weights = self.attention(q, read.segments, read.width, read.window, keep)
+        if weights is not None:
+            usage = self.memory.attention_loss(weights, read.slots, call)
+            read = read._replace(aux_loss=read.aux_loss + usage)
+        h = h + self.residual(attended)
         h = h + self.residual(self.ffn(self.ffn_norm(h)))
         return h, read, new.span
 

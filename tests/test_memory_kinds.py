@@ -13,6 +13,7 @@ from memory.attention import MemoryAttention, Segment, log_mask
 from memory.compressive import mean_pool
 from memory.expire_span import (
     SpanPredictor,
+    attended_span_loss,
     expire_mask,
     expire_span_loss,
     memory_credit,
@@ -141,7 +142,8 @@ def test_mask_gradient_is_zero_off_the_ramp_and_finite_through_the_log():
 
 def attend(scores: torch.Tensor, m: torch.Tensor, values: torch.Tensor, renormalise: bool):
     """MemoryAttention's output before W_o for one query with scores q.k_i = ``scores`` (N,),
-    mask m_i and values (N, dim), as a memory kind hands it its keys (``MemoryKind.read``)."""
+    mask m_i and values (N, dim), as a memory kind hands it its keys (``MemoryKind.read``),
+    and the attention weights (N,)."""
     length, dim = values.shape
     attention = MemoryAttention(MemoryConfig(dim=dim, num_heads=1, block_len=2))
     with torch.no_grad():
@@ -157,7 +159,8 @@ def attend(scores: torch.Tensor, m: torch.Tensor, values: torch.Tensor, renormal
     else:
         segment = Segment(keys, values[None, None], log_mask(m > 0, torch.float32), m)
     far = torch.full((1, length), 2)  # beyond block_len: no position term
-    return attention(q, [segment], length, far).view(dim)
+    out, weights = attention(q, [segment], length, far, keep_weights=True)
+    return out.view(dim), weights.view(length)
 
 
 @pytest.mark.parametrize("renormalise", [True, False])
@@ -165,11 +168,12 @@ def test_masked_attention_is_eq_4_or_unnormalised(renormalise):
     scores = torch.tensor([2.0, 0.0, 0.5, -1.0])
     m = torch.tensor([0.25, 1.0, 0.0, 0.5])
     values = torch.randn(4, 8)
-    weights = m[m > 0] * torch.softmax(scores[m > 0], -1)  # softmax over the kept memories
+    expected = m[m > 0] * torch.softmax(scores[m > 0], -1)  # softmax over the kept memories
     if renormalise:
-        weights = weights / weights.sum()  # eq. 4
-    expected = weights @ values[m > 0]
-    assert torch.allclose(attend(scores, m, values, renormalise), expected, atol=1e-6)
+        expected = expected / expected.sum()  # eq. 4
+    out, weights = attend(scores, m, values, renormalise)
+    assert torch.allclose(weights[m > 0], expected, atol=1e-6) and weights[m == 0].item() == 0
+    assert torch.allclose(out, expected @ values[m > 0], atol=1e-6)
 
 
 def test_a_memory_the_attention_saturates_on_gets_a_mask_gradient_only_unnormalised():
@@ -181,16 +185,19 @@ def test_a_memory_the_attention_saturates_on_gets_a_mask_gradient_only_unnormali
     grads = {}
     for renormalise in (True, False):
         m = torch.tensor([0.5, 1.0, 1.0, 1.0], requires_grad=True)
-        (attend(scores, m, values, renormalise) @ values[0]).backward()
+        (attend(scores, m, values, renormalise)[0] @ values[0]).backward()
         grads[renormalise] = m.grad[0].item()
     assert grads[False] == pytest.approx((a_cue * values[0] @ values[0]).item(), rel=1e-5)
     assert abs(grads[True]) < 0.01 * abs(grads[False])
 
 
-def hold_span(renormalise: bool, steps: int = 400, distance: int = 20) -> list[float]:
+def hold_span(
+    renormalise: bool, attended_coef: float = 0.0, steps: int = 400, distance: int = 20
+) -> list[float]:
     """A query at age ``distance`` needs the cue's value and its attention saturates on the
     cue; the span's logit trains with Adam against the penalty alpha * e, as the learner's
-    steps do. Returns m at the query after each step."""
+    steps do, plus ``attended_coef`` times the attended-span loss. Returns m at the query
+    after each step."""
     max_span, ramp, alpha = 32, 4.0, 0.05
     scores = torch.tensor([9.0, 0.0, 0.0, 0.0])
     values = torch.randn(4, 8, generator=torch.Generator().manual_seed(0))
@@ -201,9 +208,15 @@ def hold_span(renormalise: bool, steps: int = 400, distance: int = 20) -> list[f
         span = max_span * torch.sigmoid(logit)
         m_cue = expire_mask(torch.tensor([[-float(distance)]]), span.view(1, 1), None, ramp)
         m = torch.cat([m_cue.view(1), torch.ones(3)])
-        task = (attend(scores, m, values, renormalise) - values[0]).pow(2).sum()
+        out, weights = attend(scores, m, values, renormalise)
+        task = (out - values[0]).pow(2).sum()
+        cue = torch.zeros(1, 1, dtype=torch.long)
+        query = torch.full((1, 1), distance)
+        relied_on = attended_span_loss(
+            weights[:1].view(1, 1, 1, 1), cue, span.view(1, 1), query, 0.5
+        )
         optimizer.zero_grad()
-        (task + alpha * span).backward()
+        (task + alpha * span + attended_coef * relied_on).backward()
         optimizer.step()
         history.append(m_cue.item())
     return history
@@ -215,6 +228,26 @@ def test_unnormalised_masks_hold_the_span_a_saturated_attention_needs():
     paper, unnormalised = hold_span(renormalise=True), hold_span(renormalise=False)
     assert min(unnormalised[-100:]) > 0.9
     assert max(paper[-100:]) < 0.1
+
+
+def test_attended_span_loss_is_the_shortfall_below_the_oldest_age_relied_on():
+    weights = torch.zeros(1, 2, 3, 2)  # (B, H, Q, N): queries at t = 10, 11, 12
+    weights[0, 1, 1, 0] = 0.7  # head 1 of the query at 11 relies on memory 0 (t = 2): age 9
+    weights[0, 0, 2, 0] = 0.4  # below the threshold: ignored
+    weights[0, 0, 0, 1] = 0.9  # memory 1 (t = 8) at age 2, and its span is 5: no shortfall
+    position = torch.tensor([[2, 8]])
+    span = torch.tensor([[6.0, 5.0]], requires_grad=True)
+    loss = attended_span_loss(weights, position, span, torch.tensor([[10, 11, 12]]), 0.5)
+    loss.backward()
+    assert loss.item() == pytest.approx(9 - 6)
+    assert span.grad.tolist() == [[-1.0, 0.0]]
+
+
+def test_attended_spans_hold_what_a_saturated_attention_relies_on():
+    """With eq. 4 kept, the pull to the age at which the attention relies on the cue holds
+    its span where the penalty alone loses it (previous test)."""
+    kept = hold_span(renormalise=True, attended_coef=0.2)
+    assert min(kept[-100:]) > 0.9
 
 
 def test_deleting_expired_memories_changes_no_output():
