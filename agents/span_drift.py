@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
+from agents.actor_critic import ActorCritic
 from memory.expire_span import SpanPredictor
-from training.checkpoint import load_checkpoint
+from training.checkpoint import kept_checkpoints, load_checkpoint
 
 
 def drift_split(predictors: list[SpanPredictor], hiddens: list[torch.Tensor]) -> list[dict]:
@@ -45,7 +45,7 @@ def drift_split(predictors: list[SpanPredictor], hiddens: list[torch.Tensor]) ->
     return rows
 
 
-def first_memories(agent, observations: torch.Tensor) -> list[torch.Tensor]:
+def first_memories(agent: ActorCritic, observations: torch.Tensor) -> list[torch.Tensor]:
     """Each layer's memory h_i (its normed input) of an episode's first step, (B, dim)."""
     hidden = []
     hooks = [
@@ -69,11 +69,7 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=1, help="use every K-th kept checkpoint")
     parser.add_argument("--episodes", type=int, default=64, help="first observations drawn")
     args = parser.parse_args()
-    found = sorted(
-        (int(m.group(1)), path)
-        for path in args.run_dir.glob("checkpoint_*.pt")
-        if (m := re.fullmatch(r"checkpoint_(\d+)\.pt", path.name))
-    )[:: args.every]
+    found = kept_checkpoints(args.run_dir)[:: args.every]
     if len(found) < 2:
         parser.error(f"{args.run_dir}: needs two or more checkpoint_<step>.pt (checkpoint_keep)")
     agents, env = [], None

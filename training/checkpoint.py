@@ -84,14 +84,18 @@ def save_checkpoint(
     if keep_last:
         remove_orphans(run_dir, "checkpoint_*.pt")  # snapshots are written once, by name
         _snapshot(path, run_dir / f"checkpoint_{step}.pt")
-        snapshots = sorted(
-            (int(match.group(1)), candidate)
-            for candidate in run_dir.iterdir()
-            if (match := _SNAPSHOT.fullmatch(candidate.name))
-        )
-        for _, old in snapshots[:-keep_last]:
+        for _, old in kept_checkpoints(run_dir)[:-keep_last]:
             old.unlink(missing_ok=True)
     return path
+
+
+def kept_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """The run's ``checkpoint_<step>.pt`` snapshots (``checkpoint_keep``), oldest first."""
+    return sorted(
+        (int(match.group(1)), candidate)
+        for candidate in Path(run_dir).iterdir()
+        if (match := _SNAPSHOT.fullmatch(candidate.name))
+    )
 
 
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any] | None:
