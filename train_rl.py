@@ -35,9 +35,11 @@ from agents.curves import plot_curves, run_label
 from agents.learners import (
     ADVANTAGE_SCALES,
     ALL,
+    LR_SCHEDULES,
     LossTerms,
     actor_critic_loss,
     generalized_advantages,
+    lr_fraction,
     make_optimizer,
     minibatches,
     normalised,
@@ -112,6 +114,7 @@ def check_config(cfg: DictConfig) -> None:
     check_choice("env", cfg.env.name, OUTCOMES)
     check_choice("agent", cfg.agent.name, LEARNERS)
     check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam", "amsgrad"))
+    check_choice("agent.lr_schedule", cfg.agent.get("lr_schedule", "constant"), LR_SCHEDULES)
     if cfg.agent.name == "ppo":
         check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)
     for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
@@ -337,6 +340,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         optimizer = make_optimizer(
             agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale
         )
+        base_lrs = [group["lr"] for group in optimizer.param_groups]  # before a resume's state
 
         first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
         if checkpoint is not None:
@@ -434,6 +438,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 torch.cat([first[:, None], later[:, :-1]], dim=1)
                 for first, later in zip(unroll_previous, (actions, rewards), strict=True)
             )
+            # (runs saved before agent.lr_schedule existed had a constant rate)
+            fraction = lr_fraction(cfg.agent.get("lr_schedule", "constant"), update, num_updates)
+            for group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
+                group["lr"] = base_lr * fraction
             epochs_run = 0
             for epoch in range(cfg.agent.epochs):
                 epochs_run, epoch_kl = epochs_run + 1, 0.0
@@ -492,7 +500,9 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 metrics.update(stats.summary())
                 metrics.update(span_stats.summary())
                 metrics.update(
-                    update=update + 1, sps=updates_in_interval * steps_per_update / elapsed
+                    update=update + 1,
+                    sps=updates_in_interval * steps_per_update / elapsed,
+                    lr=optimizer.param_groups[0]["lr"],
                 )
                 metrics = all_reduce_mean(metrics, dist)  # a collective: every rank logs here
                 if gym_path:

@@ -154,6 +154,17 @@ def minibatches(batch_size: int, count: int) -> list:
     return [ALL] if count == 1 else list(torch.randperm(batch_size).tensor_split(count))
 
 
+LR_SCHEDULES = ("constant", "linear")
+
+
+def lr_fraction(schedule: str, update: int, num_updates: int) -> float:
+    """The fraction of the learning rate that update ``update`` (0-based, of ``num_updates``)
+    takes: 1 throughout for "constant"; for "linear", from 1 at the first update down to
+    1 / num_updates at the last, PPO's annealing (Schulman et al. 2017), so that the updates
+    of a long run shrink to nothing instead of random-walking a solved policy."""
+    return 1 - update / num_updates if schedule == "linear" else 1.0
+
+
 def make_optimizer(
     agent: torch.nn.Module, name: str, lr: float, span_lr_scale: float = 1.0
 ) -> torch.optim.Optimizer:
