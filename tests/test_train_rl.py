@@ -43,6 +43,7 @@ def steps_logged(run_dir):
         ("memory.max_span=-1", "max_span"),
         ("num_envs=0", "num_envs"),
         ("agent.optimizer=sgd", "rmsprop"),
+        ("agent.lr_schedule=cosine", "linear"),
         ("wandb.mode=sometimes", "offline"),
         ("mode=eval", "checkpoint=PATH"),
         ("agent.minibatches=33", "at most one per environment"),
@@ -139,6 +140,24 @@ def test_target_kl_stops_the_ppo_epochs_of_an_unroll(tmp_path, target_kl, epochs
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [line["epochs"] for line in lines] == [epochs] * 4
     assert all(line["approx_kl"] > 0 for line in lines)
+
+
+@pytest.mark.parametrize("schedule", ["constant", "linear"])
+def test_lr_schedule_sets_the_learning_rate_of_every_update(tmp_path, schedule):
+    """linear: update u of N learns at lr (1 - u / N), in every parameter group (the span
+    predictor's at its own scale); constant: at lr throughout."""
+    run_dir = tmp_path / "run"
+    overrides = [*TINY_RL, f"total_steps={4 * STEPS_PER_UPDATE}", "agent.lr=1e-3"]
+    overrides += [f"agent.lr_schedule={schedule}", "agent.span_lr_scale=0.5"]
+    result = run([*overrides, "eval.after_training=false"], run_dir)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    fractions = [1 - u / 4 for u in range(4)] if schedule == "linear" else [1.0] * 4
+    assert [line["lr"] for line in lines] == pytest.approx([1e-3 * f for f in fractions])
+    groups = torch.load(run_dir / "checkpoint.pt", weights_only=True)["optimizer"]["param_groups"]
+    assert [group["lr"] for group in groups] == pytest.approx(
+        [1e-3 * fractions[-1], 5e-4 * fractions[-1]]
+    )
 
 
 def test_resume_continues_the_saved_config_and_refuses_to_change_it(tmp_path):
