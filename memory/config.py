@@ -39,10 +39,12 @@ class MemoryConfig:
     # noise with the return that followed (``span_credit``): a policy gradient on spans. 0: off.
     span_noise: float = 0.0
     # expire_span: spans held where the attention relies on a memory. A memory that a query
-    # gave more than attended_threshold of its attention at age n is pulled up to e_i >= n
-    # with weight attended_span_coef per step short, per query (0: off, the paper's loss).
+    # gave more than attended_threshold of its attention at age n is pulled up to
+    # e_i >= (1 + attended_margin) n with weight attended_span_coef per step short, per query
+    # (0: off, the paper's loss).
     attended_span_coef: float = 0.0
     attended_threshold: float = 0.5
+    attended_margin: float = 0.0
     compress_rate: int = 4  # c: compressive memories pool groups of c evicted memories
     compressed_span: int | None = None  # compressive: compressed memories kept (None: max_span)
 
@@ -75,6 +77,11 @@ class MemoryConfig:
             raise ValueError(
                 "memory.attended_threshold is a share of a query's attention and must be in "
                 f"(0, 1), got {self.attended_threshold}"
+            )
+        if not (math.isfinite(self.attended_margin) and self.attended_margin >= 0):
+            raise ValueError(
+                "memory.attended_margin is a fraction of the age relied on and must be >= 0, "
+                f"got {self.attended_margin}"
             )
         if not 0.0 < self.init_span_fraction < 1.0:
             raise ValueError(

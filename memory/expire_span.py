@@ -107,16 +107,25 @@ def expire_mask(relative: Tensor, span: Tensor, offsets: Tensor | None, ramp: fl
 
 
 def attended_span_loss(
-    weights: Tensor, position: Tensor, span: Tensor, query_position: Tensor, threshold: float
+    weights: Tensor,
+    position: Tensor,
+    span: Tensor,
+    query_position: Tensor,
+    threshold: float,
+    margin: float = 0.0,
 ) -> Tensor:
-    """sum_i max(0, n_i - e_i), n_i the oldest age t - i at which a query gave memory i more
-    than ``threshold`` of its attention (largest over heads): a memory the attention relies on
-    at age n should be seen whole (m = 1) at that age. ``weights`` (B, H, Q, N), memories at
-    ``position`` (B, N) with spans ``span`` (B, N), queries at ``query_position`` (B, Q)."""
+    """sum_i max(0, (1 + margin) n_i - e_i), n_i the oldest age t - i at which a query gave
+    memory i more than ``threshold`` of its attention (largest over heads): a memory the
+    attention relies on at age n should be seen whole (m = 1) at that age, and with
+    ``margin`` a little past it, so that one reading at age n keeps the memory whole to
+    (1 + margin) n and in view to (1 + margin) n + R: the span reaches a task's longest
+    distances in a few readings and drift must exceed the margin before a reading fails.
+    ``weights`` (B, H, Q, N), memories at ``position`` (B, N) with spans ``span`` (B, N),
+    queries at ``query_position`` (B, Q)."""
     relied_on = weights.amax(1) > threshold  # (B, Q, N)
     age = (query_position[:, :, None] - position[:, None, :]).to(span.dtype)
     oldest = torch.where(relied_on, age, torch.zeros_like(age)).amax(1)
-    return (oldest - span).clamp_min(0).sum()
+    return ((1 + margin) * oldest - span).clamp_min(0).sum()
 
 
 def expire_span_loss(mask: Tensor, span: Tensor, ramp: float, coef: float) -> Tensor:
@@ -141,6 +150,7 @@ class ExpireSpan(MemoryKind):
         self.noise_std = cfg.span_noise
         self.attended_coef = cfg.attended_span_coef
         self.attended_threshold = cfg.attended_threshold
+        self.attended_margin = cfg.attended_margin
         self.learns_from_attention = cfg.attended_span_coef > 0
         self.predictor = SpanPredictor(cfg)
 
@@ -161,7 +171,12 @@ class ExpireSpan(MemoryKind):
 
     def attention_loss(self, weights: Tensor, slots: Slots, call: Call) -> Tensor:
         shortfall = attended_span_loss(
-            weights, slots.position, slots.span, call.positions, self.attended_threshold
+            weights,
+            slots.position,
+            slots.span,
+            call.positions,
+            self.attended_threshold,
+            self.attended_margin,
         )
         return shortfall * (self.attended_coef / (weights.shape[0] * weights.shape[2]))
 

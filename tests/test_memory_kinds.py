@@ -230,16 +230,18 @@ def test_unnormalised_masks_hold_the_span_a_saturated_attention_needs():
     assert max(paper[-100:]) < 0.1
 
 
-def test_attended_span_loss_is_the_shortfall_below_the_oldest_age_relied_on():
+@pytest.mark.parametrize("margin", [0.0, 0.5])
+def test_attended_span_loss_is_the_shortfall_below_the_oldest_age_relied_on(margin):
     weights = torch.zeros(1, 2, 3, 2)  # (B, H, Q, N): queries at t = 10, 11, 12
     weights[0, 1, 1, 0] = 0.7  # head 1 of the query at 11 relies on memory 0 (t = 2): age 9
     weights[0, 0, 2, 0] = 0.4  # below the threshold: ignored
     weights[0, 0, 0, 1] = 0.9  # memory 1 (t = 8) at age 2, and its span is 5: no shortfall
     position = torch.tensor([[2, 8]])
     span = torch.tensor([[6.0, 5.0]], requires_grad=True)
-    loss = attended_span_loss(weights, position, span, torch.tensor([[10, 11, 12]]), 0.5)
+    queries = torch.tensor([[10, 11, 12]])
+    loss = attended_span_loss(weights, position, span, queries, 0.5, margin)
     loss.backward()
-    assert loss.item() == pytest.approx(9 - 6)
+    assert loss.item() == pytest.approx((1 + margin) * 9 - 6)  # memory 1: (1 + margin) 2 < 5
     assert span.grad.tolist() == [[-1.0, 0.0]]
 
 
