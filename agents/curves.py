@@ -7,7 +7,8 @@ largest span against environment steps, one line per run (every seed shown), one
 setting. Prints one row per run: where it first reached the target, and over the rest of the
 run its lowest interval, its mean, and its mean memory size. A run *holds* when it reaches
 the target, never falls below the floor afterwards, and keeps a mean at or above the target
-over that part: a peak that does not last is reported as such.
+over that part (with --max-memory, at a mean memory size no larger): a peak that does not
+last is reported as such.
 """
 
 from __future__ import annotations
@@ -39,9 +40,15 @@ class Holding:
     holds: bool
 
 
-def holding(records: Sequence[dict[str, Any]], metric: str, target: float, floor: float) -> Holding:
+def holding(
+    records: Sequence[dict[str, Any]],
+    metric: str,
+    target: float,
+    floor: float,
+    max_memory: float | None = None,
+) -> Holding:
     """The stability criterion over a run's logged intervals (intervals without a value, as
-    when no episode ended, are skipped)."""
+    when no episode ended, are skipped); ``max_memory``: also at most this mean memory size."""
     rows = [r for r in records if r.get(metric) is not None and not math.isnan(r[metric])]
     first = next((i for i, r in enumerate(rows) if r[metric] >= target), None)
     if first is None:
@@ -49,13 +56,10 @@ def holding(records: Sequence[dict[str, Any]], metric: str, target: float, floor
     after = rows[first:]
     values = [r[metric] for r in after]
     memory = [r["memory_size"] for r in after]
-    lowest, mean = min(values), sum(values) / len(values)
+    lowest, mean, memory_mean = min(values), sum(values) / len(values), sum(memory) / len(memory)
+    small = max_memory is None or memory_mean <= max_memory
     return Holding(
-        rows[first]["step"],
-        lowest,
-        mean,
-        sum(memory) / len(memory),
-        lowest >= floor and mean >= target,
+        rows[first]["step"], lowest, mean, memory_mean, lowest >= floor and mean >= target and small
     )
 
 
@@ -123,6 +127,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.95, help="level to reach and keep")
     parser.add_argument("--floor", type=float, default=0.9, help="lowest interval allowed after")
     parser.add_argument(
+        "--max-memory", type=float, help="largest mean memory size allowed after (default: any)"
+    )
+    parser.add_argument(
         "--markdown", action="store_true", help="print the rows as a markdown table"
     )
     parser.add_argument("--label", nargs="*", default=[], help="config keys that tell runs apart")
@@ -142,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         metric = task_metric(cfg.env.name, records)
         label = run_label(cfg, args.label)
         runs.append((label, metric, records))
-        result = holding(records, metric, args.target, args.floor)
+        result = holding(records, metric, args.target, args.floor, args.max_memory)
         rows.append((label, cfg.seed, records[-1]["step"], result))
     if not runs:
         print(f"{parser.prog}: error: no run with metrics under {args.run_dirs}", file=sys.stderr)

@@ -464,6 +464,9 @@ def test_holding_judges_the_run_after_it_first_reaches_the_target():
     assert dipped.lowest_after == 0.85 and not dipped.holds  # a peak that does not last
     low_mean = holding(records([0.95, 0.91, 0.92]), "success", 0.95, 0.9)
     assert low_mean.lowest_after >= 0.9 and not low_mean.holds
+    assert holding(records([0.97, 0.99]), "success", 0.95, 0.9, max_memory=10.5).holds
+    large = holding(records([0.97, 0.99]), "success", 0.95, 0.9, max_memory=10.4)
+    assert large.memory_after == 10.5 and not large.holds  # memory sizes 10 and 11
     never = holding(records([0.5, 0.6]), "success", 0.95, 0.9)
     assert never.reached_at is None and not never.holds
 
