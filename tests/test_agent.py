@@ -17,6 +17,7 @@ from agents.learners import (
     normalised,
     ppo_loss,
 )
+from agents.module_swap import module_group, module_groups, swapped
 from agents.probes import keep_new_memories, success_by_case
 from agents.span_drift import drift_split
 from memory import KINDS, MemoryConfig, MemoryTransformer, span_parameters
@@ -349,3 +350,34 @@ def test_span_drift_separates_a_moved_input_from_a_moved_predictor():
         (first(moved) - first(h)).mean().item(), abs=1e-5
     )
     assert only_input["by_input"] > 0  # w.(h + 0.3) = w.h + 1.2
+
+
+def test_module_swap_groups_cover_the_agent_and_swap_only_their_own_parameters():
+    """Each layer's attention, memory kind and FFN (norms with their block), the encoder and
+    the heads; swapping every group in turn moves each parameter exactly once."""
+    before = make_agent("expire_span").state_dict()
+    after = {name: value + 1 for name, value in before.items()}
+    groups = module_groups(before)
+    assert groups == [
+        "encoder",
+        "core.layers.0.attention",
+        "core.layers.0.memory",
+        "core.layers.0.ffn",
+        "core.layers.1.attention",
+        "core.layers.1.memory",
+        "core.layers.1.ffn",
+        "core.final_norm",
+        "policy",
+        "value",
+    ]
+    assert module_group("core.layers.1.attention_norm.bias") == "core.layers.1.attention"
+    assert module_group("core.layers.0.memory.predictor.linear.weight") == "core.layers.0.memory"
+    moved = {name: 0 for name in before}
+    for group in groups:
+        mixed = swapped(before, after, group)
+        for name, value in mixed.items():
+            if value is after[name]:
+                moved[name] += 1
+            else:
+                assert value is before[name]
+    assert set(moved.values()) == {1}

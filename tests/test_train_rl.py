@@ -384,3 +384,45 @@ def test_span_drift_splits_each_change_into_input_and_predictor(tmp_path):
     for r in rows:
         assert 0 <= r["span_before"] <= 16 and 0 <= r["span_after"] <= 16
         assert -16 <= r["by_input"] <= 16 and -16 <= r["by_predictor"] <= 16
+
+
+def test_module_swap_evaluates_every_mix_on_the_same_episodes(tmp_path):
+    """agents.module_swap on two kept checkpoints of a tiny run: the two agents, then each
+    group swapped both ways. Evaluations share their episodes and samples, so a checkpoint
+    against itself gives the same outcome on every line."""
+    run_dir = tmp_path / "run"
+    args = [
+        *TINY_RL,
+        "checkpoint_interval=1",
+        "checkpoint_keep=2",
+        f"total_steps={2 * STEPS_PER_UPDATE}",
+    ]
+    assert run(args, run_dir).returncode == 0
+
+    def swap(before, after):
+        result = subprocess.run(
+            [sys.executable, "-m", "agents.module_swap", str(run_dir / before),
+             str(run_dir / after), "--episodes", "12"],
+            capture_output=True, text=True, timeout=300, cwd=ROOT,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        return [json.loads(line) for line in result.stdout.splitlines()]
+
+    rows = swap("checkpoint_40.pt", "checkpoint_80.pt")
+    names = [row["agent"] for row in rows]
+    assert names[:4] == [
+        "before",
+        "after",
+        "before+after[encoder]",
+        "after+before[encoder]",
+    ]
+    assert len(names) == 2 + 2 * 10 and "after+before[core.layers.1.memory]" in names
+    assert all(0 <= row["success"] <= 1 and row["episodes"] >= 12 for row in rows)
+    same = swap("checkpoint_80.pt", "checkpoint_80.pt")
+    outcomes = {json.dumps({k: v for k, v in row.items() if k != "agent"}) for row in same}
+    assert len(outcomes) == 1
+    bad = subprocess.run(
+        [sys.executable, "-m", "agents.module_swap", str(run_dir / "none.pt"), str(run_dir)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "not an agent checkpoint" in bad.stderr
