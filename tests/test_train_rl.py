@@ -362,10 +362,10 @@ def test_expire_span_agent_solves_the_short_corridor(tmp_path):
     assert lines[-1]["memory_size"] < 20
 
 
-def test_span_drift_splits_each_change_into_input_and_predictor(tmp_path):
-    """agents.span_drift on a tiny run's kept checkpoints: one line per layer, first
-    observation and checkpoint pair, whose parts follow their definitions."""
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def kept_run(tmp_path_factory):
+    """A tiny run that keeps its checkpoints of steps 40, 80 and 120, for the probes."""
+    run_dir = tmp_path_factory.mktemp("kept") / "run"
     args = [
         *TINY_RL,
         "checkpoint_interval=1",
@@ -373,6 +373,13 @@ def test_span_drift_splits_each_change_into_input_and_predictor(tmp_path):
         f"total_steps={3 * STEPS_PER_UPDATE}",
     ]
     assert run(args, run_dir).returncode == 0
+    return run_dir
+
+
+def test_span_drift_splits_each_change_into_input_and_predictor(kept_run):
+    """agents.span_drift on a tiny run's kept checkpoints: one line per layer, first
+    observation and checkpoint pair, whose parts follow their definitions."""
+    run_dir = kept_run
     result = subprocess.run(
         [sys.executable, "-m", "agents.span_drift", str(run_dir), "--episodes", "8"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
@@ -386,18 +393,11 @@ def test_span_drift_splits_each_change_into_input_and_predictor(tmp_path):
         assert -16 <= r["by_input"] <= 16 and -16 <= r["by_predictor"] <= 16
 
 
-def test_module_swap_evaluates_every_mix_on_the_same_episodes(tmp_path):
+def test_module_swap_evaluates_every_mix_on_the_same_episodes(kept_run):
     """agents.module_swap on two kept checkpoints of a tiny run: the two agents, then each
     group swapped both ways. Evaluations share their episodes and samples, so a checkpoint
     against itself gives the same outcome on every line."""
-    run_dir = tmp_path / "run"
-    args = [
-        *TINY_RL,
-        "checkpoint_interval=1",
-        "checkpoint_keep=2",
-        f"total_steps={2 * STEPS_PER_UPDATE}",
-    ]
-    assert run(args, run_dir).returncode == 0
+    run_dir = kept_run
 
     def swap(before, after):
         result = subprocess.run(
