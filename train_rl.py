@@ -37,12 +37,14 @@ from agents.learners import (
     ALL,
     LR_SCHEDULES,
     LossTerms,
+    PolicyAnchor,
     actor_critic_loss,
     generalized_advantages,
     lr_fraction,
     make_optimizer,
     minibatches,
     normalised,
+    policy_kl,
     ppo_loss,
     span_credit,
 )
@@ -122,6 +124,13 @@ def check_config(cfg: DictConfig) -> None:
     check_whole("checkpoint_keep", cfg.checkpoint_keep)
     check_positive("agent.lr", cfg.agent.lr)
     check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
+    anchor_coef, anchor_decay = cfg.agent.get("anchor_coef", 0), cfg.agent.get("anchor_decay", 0)
+    if anchor_coef < 0 or not 0 <= anchor_decay < 1:
+        raise ConfigError(
+            f"agent.anchor_coef={anchor_coef}, agent.anchor_decay={anchor_decay}: the KL "
+            "penalty's weight must be >= 0 and the anchor's decay in [0, 1) (0: the policy "
+            "that acted)"
+        )
     for key in ("epochs", "minibatches"):
         check_positive_int(f"agent.{key}", cfg.agent[key])
     if cfg.agent.minibatches > cfg.num_envs:
@@ -341,6 +350,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale
         )
         base_lrs = [group["lr"] for group in optimizer.param_groups]  # before a resume's state
+        # A KL penalty towards a slow average of the agent (agent.anchor_coef; runs saved
+        # before it existed had none).
+        anchor_coef = cfg.agent.get("anchor_coef", 0.0)
+        anchor = PolicyAnchor(agent, cfg.agent.anchor_decay) if anchor_coef else None
 
         first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
         if checkpoint is not None:
@@ -348,6 +361,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             optimizer.load_state_dict(checkpoint["optimizer"])
             restore_rng_state(checkpoint["rng"][dist.rank])
             first_update, best = checkpoint["update"], checkpoint.get("best")
+            if anchor is not None:  # (a run that had no anchor starts one from its agent)
+                anchor.model.load_state_dict(checkpoint.get("anchor", checkpoint["agent"]))
         logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
         progress = resources.enter_context(
             progress_bar(
@@ -378,6 +393,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             "value_loss": 0.0,
             "entropy": 0.0,
             "approx_kl": 0.0,  # PPO: mean KL over the last epoch's minibatches (0 for A2C)
+            "anchor_kl": 0.0,  # KL(policy || anchor) of the last minibatch (0 with no anchor)
             "epochs": 0.0,  # epochs run per unroll (fewer than agent.epochs: stopped by target_kl)
         }
         interval_start, updates_in_interval = time.perf_counter(), 0
@@ -442,6 +458,12 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             fraction = lr_fraction(cfg.agent.get("lr_schedule", "constant"), update, num_updates)
             for group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = base_lr * fraction
+            if anchor is not None:  # the anchor's policy on the whole unroll, once
+                with torch.no_grad():
+                    anchor_logits, _, _ = anchor.model(
+                        obs_buf, unroll_state, starts, None, (previous_actions, previous_rewards)
+                    )
+            anchor_kl = torch.zeros(())
             epochs_run = 0
             for epoch in range(cfg.agent.epochs):
                 epochs_run, epoch_kl = epochs_run + 1, 0.0
@@ -467,6 +489,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                         returns[index],
                     )
                     loss = terms.total(cfg.agent.value_coef, cfg.agent.entropy_coef) + out.aux_loss
+                    if anchor is not None:
+                        reference = select_envs(anchor_logits, index)
+                        anchor_kl = policy_kl(logits, reference).mean()
+                        loss = loss + anchor_coef * anchor_kl
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if cfg.agent.max_grad_norm:
@@ -479,6 +505,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 target_kl = cfg.agent.get("target_kl")
                 if target_kl and all_reduce_mean({"kl": epoch_kl}, dist)["kl"] > target_kl:
                     break
+            if anchor is not None:
+                anchor.update(agent)
 
             for key, value in (
                 ("memory_size", memory_size / T),
@@ -487,9 +515,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 ("value_loss", terms.value.item()),
                 ("entropy", terms.entropy.item()),
                 ("approx_kl", epoch_kl),
+                ("anchor_kl", anchor_kl.item()),
                 ("epochs", epochs_run),
             ):
-                interval[key] += value
+                interval[key] = interval.get(key, 0.0) + value  # (resumed: a key may be new)
             updates_in_interval += 1
             step = (update + 1) * steps_per_update
             progress.update(steps_per_update)
@@ -554,6 +583,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                             "parameter_digests": digests,
                             "best": best,
                             "config": OmegaConf.to_container(cfg, resolve=True),
+                            **({"anchor": anchor.model.state_dict()} if anchor else {}),
                         },
                     )
         progress.close()

@@ -5,6 +5,7 @@ Both work on one unroll of T steps for B environments, laid out (B, T).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -52,6 +53,35 @@ def log_prob_and_entropy(
     log_probs = F.log_softmax(logits, dim=-1)
     taken = log_probs.gather(-1, actions[..., None]).squeeze(-1)
     return taken, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def policy_kl(logits: Logits, reference: Logits) -> torch.Tensor:
+    """KL(pi || reference) at each state, between the policies of two sets of logits; summed
+    over the components of MultiDiscrete actions."""
+    if isinstance(logits, tuple):
+        return sum(policy_kl(part, ref) for part, ref in zip(logits, reference, strict=True))
+    log_p, log_q = F.log_softmax(logits, dim=-1), F.log_softmax(reference, dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+class PolicyAnchor:
+    """A slow average of the agent's parameters (Polyak: anchor <- decay anchor + (1 - decay)
+    agent, after every update), whose policy a KL penalty holds the agent near
+    (``agent.anchor_coef``). PPO's clip bounds a policy's move only where an advantage pushes
+    it; once a task is solved the advantages are about 0, and the critic's regression reshapes
+    the shared core under a policy that nothing holds in place. With decay 0 the anchor is the
+    policy that acted (PPO with both a clip and a KL penalty)."""
+
+    def __init__(self, agent: torch.nn.Module, decay: float) -> None:
+        if not 0 <= decay < 1:
+            raise ValueError(f"agent.anchor_decay={decay} must be in [0, 1)")
+        self.model = copy.deepcopy(agent).eval().requires_grad_(False)
+        self.decay = decay
+
+    @torch.no_grad()
+    def update(self, agent: torch.nn.Module) -> None:
+        for average, current in zip(self.model.parameters(), agent.parameters(), strict=True):
+            average.lerp_(current, 1 - self.decay)
 
 
 @dataclass
