@@ -35,6 +35,7 @@ from agents.curves import plot_curves, run_label
 from agents.learners import (
     ADVANTAGE_SCALES,
     ALL,
+    ANCHORS,
     LR_SCHEDULES,
     LossTerms,
     PolicyAnchor,
@@ -124,13 +125,14 @@ def check_config(cfg: DictConfig) -> None:
     check_whole("checkpoint_keep", cfg.checkpoint_keep)
     check_positive("agent.lr", cfg.agent.lr)
     check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
-    anchor_coef, anchor_decay = cfg.agent.get("anchor_coef", 0), cfg.agent.get("anchor_decay", 0)
-    if anchor_coef < 0 or not 0 <= anchor_decay < 1:
-        raise ConfigError(
-            f"agent.anchor_coef={anchor_coef}, agent.anchor_decay={anchor_decay}: the KL "
-            "penalty's weight must be >= 0 and the anchor's decay in [0, 1) (0: the policy "
-            "that acted)"
-        )
+    if cfg.agent.get("anchor_coef", 0):
+        check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
+        check_choice("agent.anchor", cfg.agent.anchor, ANCHORS)
+        if not 0 <= cfg.agent.anchor_decay < 1:
+            raise ConfigError(
+                f"agent.anchor_decay={cfg.agent.anchor_decay} must be in [0, 1) (0: the "
+                "anchor is the policy that acted)"
+            )
     for key in ("epochs", "minibatches"):
         check_positive_int(f"agent.{key}", cfg.agent[key])
     if cfg.agent.minibatches > cfg.num_envs:
@@ -350,10 +352,11 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale
         )
         base_lrs = [group["lr"] for group in optimizer.param_groups]  # before a resume's state
-        # A KL penalty towards a slow average of the agent (agent.anchor_coef; runs saved
-        # before it existed had none).
-        anchor_coef = cfg.agent.get("anchor_coef", 0.0)
-        anchor = PolicyAnchor(agent, cfg.agent.anchor_decay) if anchor_coef else None
+        # A KL penalty towards an earlier agent's policy (agent.anchor_coef; runs saved before
+        # it existed had none).
+        anchor_coef, anchor = cfg.agent.get("anchor_coef", 0.0), None
+        if anchor_coef:
+            anchor = PolicyAnchor(agent, cfg.agent.anchor, cfg.agent.anchor_decay)
 
         first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
         if checkpoint is not None:
@@ -544,6 +547,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 value = metrics[metric]
                 if not math.isnan(value) and (best is None or value > best["value"]):
                     best = {"metric": metric, "value": value, "step": step}
+                    if anchor is not None:
+                        anchor.keep(agent)
                     if dist.is_main:
                         model = {"agent": agent.state_dict(), "step": step, "best": best}
                         model["config"] = OmegaConf.to_container(cfg, resolve=True)
@@ -583,7 +588,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                             "parameter_digests": digests,
                             "best": best,
                             "config": OmegaConf.to_container(cfg, resolve=True),
-                            **({"anchor": anchor.model.state_dict()} if anchor else {}),
+                            **({"anchor": anchor.model.state_dict()} if anchor is not None else {}),
                         },
                     )
         progress.close()

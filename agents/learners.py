@@ -64,24 +64,39 @@ def policy_kl(logits: Logits, reference: Logits) -> torch.Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
-class PolicyAnchor:
-    """A slow average of the agent's parameters (Polyak: anchor <- decay anchor + (1 - decay)
-    agent, after every update), whose policy a KL penalty holds the agent near
-    (``agent.anchor_coef``). PPO's clip bounds a policy's move only where an advantage pushes
-    it; once a task is solved the advantages are about 0, and the critic's regression reshapes
-    the shared core under a policy that nothing holds in place. With decay 0 the anchor is the
-    policy that acted (PPO with both a clip and a KL penalty)."""
+ANCHORS = ("best", "average")
 
-    def __init__(self, agent: torch.nn.Module, decay: float) -> None:
-        if not 0 <= decay < 1:
-            raise ValueError(f"agent.anchor_decay={decay} must be in [0, 1)")
+
+class PolicyAnchor:
+    """The policy a KL penalty holds the agent near (``agent.anchor_coef``). PPO's clip bounds
+    a policy's move only where an advantage pushes it; once a task is solved the advantages
+    are about 0, and the critic's regression reshapes the shared core under a policy that
+    nothing holds in place. The anchor is a copy of the agent: "best", the agent of the best
+    logged interval so far (`keep`), which follows the agent while it learns and stays once it
+    has solved the task; or "average", a slow average of its parameters (Polyak: anchor <-
+    decay anchor + (1 - decay) agent, `update` after every unroll; decay 0: the policy that
+    acted)."""
+
+    def __init__(self, agent: torch.nn.Module, kind: str, decay: float) -> None:
+        if kind not in ANCHORS or not 0 <= decay < 1:
+            raise ValueError(
+                f"agent.anchor={kind}, agent.anchor_decay={decay}: the anchor is one of "
+                f"{', '.join(ANCHORS)} and its decay in [0, 1)"
+            )
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
-        self.decay = decay
+        self.kind, self.decay = kind, decay
 
     @torch.no_grad()
     def update(self, agent: torch.nn.Module) -> None:
-        for average, current in zip(self.model.parameters(), agent.parameters(), strict=True):
-            average.lerp_(current, 1 - self.decay)
+        """After an unroll's learning: the average moves towards the agent."""
+        if self.kind == "average":
+            for average, current in zip(self.model.parameters(), agent.parameters(), strict=True):
+                average.lerp_(current, 1 - self.decay)
+
+    def keep(self, agent: torch.nn.Module) -> None:
+        """At a new best interval: the best anchor becomes the agent."""
+        if self.kind == "best":
+            self.model.load_state_dict(agent.state_dict())
 
 
 @dataclass
