@@ -7,14 +7,17 @@ import pytest
 import torch
 from gymnasium import spaces
 from omegaconf import OmegaConf
+from torch.distributions import Categorical, kl_divergence
 
 from agents import RECURRENT_KINDS, ActorCritic, RecurrentCore
 from agents.learners import (
+    PolicyAnchor,
     actor_critic_loss,
     generalized_advantages,
     make_optimizer,
     minibatches,
     normalised,
+    policy_kl,
     ppo_loss,
 )
 from agents.module_swap import module_group, module_groups, swapped
@@ -221,6 +224,84 @@ def test_ppo_clips_the_ratio():
     # Step 0: ratio 2 clipped to 1.2 for a positive advantage; step 1: ratio 1.
     expected = -(1.2 * 1.0 + 1.0 * -1.0) / 2
     assert loss.policy.item() == pytest.approx(expected, abs=1e-6)
+
+
+def test_policy_kl_is_the_categorical_kl_summed_over_components():
+    torch.manual_seed(0)
+    p, q = torch.randn(2, 5, 4), torch.randn(2, 5, 4)
+    expected = kl_divergence(Categorical(logits=p), Categorical(logits=q))
+    torch.testing.assert_close(policy_kl(p, q), expected)
+    r, s = torch.randn(2, 5, 3), torch.randn(2, 5, 3)
+    both = expected + kl_divergence(Categorical(logits=r), Categorical(logits=s))
+    torch.testing.assert_close(policy_kl((p, r), (q, s)), both)
+    assert policy_kl(p, p).abs().max() < 1e-6
+
+
+def test_policy_anchor_averages_or_keeps_the_agent():
+    """An "average" anchor moves by (1 - decay) towards the agent after every unroll and
+    ignores a new best; a "best" one copies the agent at a new best and ignores unrolls."""
+    agent = make_agent("transformer_xl")
+    before = flat_parameters(agent)
+    average = PolicyAnchor(agent, "average", decay=0.75)
+    best = PolicyAnchor(agent, "best", decay=0.75)
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.add_(1.0)
+    average.keep(agent)
+    best.update(agent)
+    assert torch.equal(flat_parameters(average.model), before)
+    assert torch.equal(flat_parameters(best.model), before)
+    average.update(agent)
+    best.keep(agent)
+    after = flat_parameters(agent)
+    torch.testing.assert_close(flat_parameters(average.model), 0.75 * before + 0.25 * after)
+    assert torch.equal(flat_parameters(best.model), after)
+    assert not any(p.requires_grad for p in average.model.parameters())
+    with pytest.raises(ValueError, match="anchor_decay"):
+        PolicyAnchor(agent, "average", decay=1.0)
+
+
+def flat_parameters(module: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().flatten() for p in module.parameters()])
+
+
+def test_an_anchor_holds_the_policy_while_the_critic_reshapes_the_core():
+    """Advantages of 0 (a solved task) leave the policy to the critic's regression on noisy
+    targets, which moves the shared core and with it the policy. A KL penalty to the best
+    agent (kept at the start) or to a slow average of it holds the policy; one to the policy
+    that acted (an average of decay 0) does not: its pull is 0 where each step starts."""
+    B, T = 4, 8
+    obs = torch.as_tensor(np.random.default_rng(0).integers(0, 2, (B, T, *OBS_SHAPE)))
+    obs = obs.to(torch.uint8)
+    starts = torch.zeros(B, T, dtype=torch.bool)
+    starts[:, 0] = True
+
+    def drift(anchor_coef: float, kind: str = "best", decay: float = 0.0) -> float:
+        agent = make_agent("transformer_xl")
+        torch.nn.init.orthogonal_(agent.policy.weight, gain=3.0)  # a decided policy
+        state = agent.initial_state(B)
+        with torch.no_grad():
+            start_logits = agent(obs, state, starts)[0]
+        anchor = PolicyAnchor(agent, kind, decay)
+        optimizer = torch.optim.Adam(agent.parameters(), lr=3e-3)
+        torch.manual_seed(1)
+        for _ in range(50):
+            logits, values, _ = agent(obs, state, starts)
+            loss = 0.5 * (values - torch.randn(B, T)).pow(2).mean()  # the critic's noise
+            with torch.no_grad():
+                anchor_logits = anchor.model(obs, state, starts)[0]
+            loss = loss + anchor_coef * policy_kl(logits, anchor_logits).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            anchor.update(agent)
+        return policy_kl(logits.detach(), start_logits).mean().item()
+
+    free = drift(0.0)
+    assert free > 0.5
+    assert drift(1.0, "best") < 0.2 * free
+    assert drift(1.0, "average", decay=0.99) < 0.6 * free
+    assert drift(1.0, "average", decay=0.0) > 0.8 * free
 
 
 @pytest.mark.parametrize("kind", [*KINDS, *RECURRENT_KINDS])

@@ -106,10 +106,15 @@ def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
     assert resumed["step"] == expected[-1]
 
 
-@pytest.mark.parametrize("setting", [[], ["memory.span_noise=0.5"]], ids=["default", "explore"])
+@pytest.mark.parametrize(
+    "setting",
+    [[], ["memory.span_noise=0.5"], ["agent.anchor_coef=1", "agent.anchor=average"]],
+    ids=["default", "explore", "anchor"],
+)
 def test_a_resumed_run_writes_what_one_unbroken_run_writes(tmp_path, setting):
     """RL resume is exact: the checkpoint holds the environments, the carried memory (with
-    its span-noise streams when spans explore) and the running statistics, so a run stopped
+    its span-noise streams when spans explore), the running statistics and the policy
+    anchor (with agent.anchor_coef; an average, never the agent itself), so a run stopped
     at half its steps and resumed writes the metrics of the run that went straight through
     (checkpoints and logs out of step on purpose)."""
     args = [*TINY_RL, *setting, "log_interval=2", "checkpoint_interval=3"]
