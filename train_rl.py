@@ -35,7 +35,6 @@ from agents.curves import plot_curves, run_label
 from agents.learners import (
     ADVANTAGE_SCALES,
     ALL,
-    ANCHORS,
     LR_SCHEDULES,
     LossTerms,
     PolicyAnchor,
@@ -127,12 +126,6 @@ def check_config(cfg: DictConfig) -> None:
     check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
     if cfg.agent.get("anchor_coef", 0):
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
-        check_choice("agent.anchor", cfg.agent.anchor, ANCHORS)
-        if not 0 <= cfg.agent.anchor_decay < 1:
-            raise ConfigError(
-                f"agent.anchor_decay={cfg.agent.anchor_decay} must be in [0, 1) (0: the "
-                "anchor is the policy that acted)"
-            )
     for key in ("epochs", "minibatches"):
         check_positive_int(f"agent.{key}", cfg.agent[key])
     if cfg.agent.minibatches > cfg.num_envs:
@@ -352,11 +345,11 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale
         )
         base_lrs = [group["lr"] for group in optimizer.param_groups]  # before a resume's state
-        # A KL penalty towards an earlier agent's policy (agent.anchor_coef; runs saved before
-        # it existed had none).
+        # A KL penalty towards the best agent once it solved the task (agent.anchor_coef;
+        # runs saved before it existed had none).
         anchor_coef, anchor = cfg.agent.get("anchor_coef", 0.0), None
         if anchor_coef:
-            anchor = PolicyAnchor(agent, cfg.agent.anchor, cfg.agent.anchor_decay)
+            anchor = PolicyAnchor(agent, cfg.agent.anchor_from)
 
         first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
         if checkpoint is not None:
@@ -364,8 +357,9 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             optimizer.load_state_dict(checkpoint["optimizer"])
             restore_rng_state(checkpoint["rng"][dist.rank])
             first_update, best = checkpoint["update"], checkpoint.get("best")
-            if anchor is not None:  # (a run that had no anchor starts one from its agent)
-                anchor.model.load_state_dict(checkpoint.get("anchor", checkpoint["agent"]))
+            if anchor is not None and "anchor" in checkpoint:
+                anchor.model.load_state_dict(checkpoint["anchor"])
+                anchor.active = True
         logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
         progress = resources.enter_context(
             progress_bar(
@@ -461,7 +455,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             fraction = lr_fraction(cfg.agent.get("lr_schedule", "constant"), update, num_updates)
             for group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = base_lr * fraction
-            if anchor is not None:  # the anchor's policy on the whole unroll, once
+            anchored = anchor is not None and anchor.active
+            if anchored:  # the anchor's policy on the whole unroll, once
                 with torch.no_grad():
                     anchor_logits, _, _ = anchor.model(
                         obs_buf, unroll_state, starts, None, (previous_actions, previous_rewards)
@@ -492,7 +487,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                         returns[index],
                     )
                     loss = terms.total(cfg.agent.value_coef, cfg.agent.entropy_coef) + out.aux_loss
-                    if anchor is not None:
+                    if anchored:
                         reference = select_envs(anchor_logits, index)
                         anchor_kl = policy_kl(logits, reference).mean()
                         loss = loss + anchor_coef * anchor_kl
@@ -508,8 +503,6 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 target_kl = cfg.agent.get("target_kl")
                 if target_kl and all_reduce_mean({"kl": epoch_kl}, dist)["kl"] > target_kl:
                     break
-            if anchor is not None:
-                anchor.update(agent)
 
             for key, value in (
                 ("memory_size", memory_size / T),
@@ -548,7 +541,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 if not math.isnan(value) and (best is None or value > best["value"]):
                     best = {"metric": metric, "value": value, "step": step}
                     if anchor is not None:
-                        anchor.keep(agent)
+                        anchor.keep(agent, value)
                     if dist.is_main:
                         model = {"agent": agent.state_dict(), "step": step, "best": best}
                         model["config"] = OmegaConf.to_container(cfg, resolve=True)
@@ -573,6 +566,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                     "updates_in_interval": updates_in_interval,
                 }
                 carried_states = all_gather_object(carried, dist)
+                anchored = anchor is not None and anchor.active
                 digests = gather_parameter_digests(agent, dist)
                 if dist.is_main:
                     save_checkpoint(
@@ -588,7 +582,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                             "parameter_digests": digests,
                             "best": best,
                             "config": OmegaConf.to_container(cfg, resolve=True),
-                            **({"anchor": anchor.model.state_dict()} if anchor is not None else {}),
+                            **({"anchor": anchor.model.state_dict()} if anchored else {}),
                         },
                     )
         progress.close()

@@ -64,39 +64,25 @@ def policy_kl(logits: Logits, reference: Logits) -> torch.Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
-ANCHORS = ("best", "average")
-
-
 class PolicyAnchor:
-    """The policy a KL penalty holds the agent near (``agent.anchor_coef``). PPO's clip bounds
-    a policy's move only where an advantage pushes it; once a task is solved the advantages
-    are about 0, and the critic's regression reshapes the shared core under a policy that
-    nothing holds in place. The anchor is a copy of the agent: "best", the agent of the best
-    logged interval so far (`keep`), which follows the agent while it learns and stays once it
-    has solved the task; or "average", a slow average of its parameters (Polyak: anchor <-
-    decay anchor + (1 - decay) agent, `update` after every unroll; decay 0: the policy that
-    acted)."""
+    """The agent of the best logged interval, once that interval solved the task (its metric
+    at least ``solved``), whose policy a KL penalty holds the agent near
+    (``agent.anchor_coef``). PPO's clip bounds a policy's move only where an advantage pushes
+    it; once a task is solved the advantages are about 0, and the critic's regression
+    reshapes the shared core under a policy that nothing holds in place. Before the task is
+    solved there is no anchor: one at an unsolved policy would hold back learning (a KL to a
+    near-uniform policy is an entropy bonus)."""
 
-    def __init__(self, agent: torch.nn.Module, kind: str, decay: float) -> None:
-        if kind not in ANCHORS or not 0 <= decay < 1:
-            raise ValueError(
-                f"agent.anchor={kind}, agent.anchor_decay={decay}: the anchor is one of "
-                f"{', '.join(ANCHORS)} and its decay in [0, 1)"
-            )
+    def __init__(self, agent: torch.nn.Module, solved: float) -> None:
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
-        self.kind, self.decay = kind, decay
+        self.solved = solved
+        self.active = False
 
-    @torch.no_grad()
-    def update(self, agent: torch.nn.Module) -> None:
-        """After an unroll's learning: the average moves towards the agent."""
-        if self.kind == "average":
-            for average, current in zip(self.model.parameters(), agent.parameters(), strict=True):
-                average.lerp_(current, 1 - self.decay)
-
-    def keep(self, agent: torch.nn.Module) -> None:
-        """At a new best interval: the best anchor becomes the agent."""
-        if self.kind == "best":
+    def keep(self, agent: torch.nn.Module, value: float) -> None:
+        """At a new best interval, of task metric ``value``."""
+        if value >= self.solved:
             self.model.load_state_dict(agent.state_dict())
+            self.active = True
 
 
 @dataclass
