@@ -237,28 +237,18 @@ def test_policy_kl_is_the_categorical_kl_summed_over_components():
     assert policy_kl(p, p).abs().max() < 1e-6
 
 
-def test_policy_anchor_averages_or_keeps_the_agent():
-    """An "average" anchor moves by (1 - decay) towards the agent after every unroll and
-    ignores a new best; a "best" one copies the agent at a new best and ignores unrolls."""
+def test_policy_anchor_keeps_the_best_agent_once_it_solved_the_task():
     agent = make_agent("transformer_xl")
-    before = flat_parameters(agent)
-    average = PolicyAnchor(agent, "average", decay=0.75)
-    best = PolicyAnchor(agent, "best", decay=0.75)
+    anchor = PolicyAnchor(agent, solved=0.95)
     with torch.no_grad():
         for p in agent.parameters():
             p.add_(1.0)
-    average.keep(agent)
-    best.update(agent)
-    assert torch.equal(flat_parameters(average.model), before)
-    assert torch.equal(flat_parameters(best.model), before)
-    average.update(agent)
-    best.keep(agent)
-    after = flat_parameters(agent)
-    torch.testing.assert_close(flat_parameters(average.model), 0.75 * before + 0.25 * after)
-    assert torch.equal(flat_parameters(best.model), after)
-    assert not any(p.requires_grad for p in average.model.parameters())
-    with pytest.raises(ValueError, match="anchor_decay"):
-        PolicyAnchor(agent, "average", decay=1.0)
+    before = flat_parameters(anchor.model)
+    anchor.keep(agent, 0.9)  # a new best that has not solved the task
+    assert not anchor.active and torch.equal(flat_parameters(anchor.model), before)
+    anchor.keep(agent, 0.96)
+    assert anchor.active and torch.equal(flat_parameters(anchor.model), flat_parameters(agent))
+    assert not any(p.requires_grad for p in anchor.model.parameters())
 
 
 def flat_parameters(module: torch.nn.Module) -> torch.Tensor:
@@ -267,25 +257,27 @@ def flat_parameters(module: torch.nn.Module) -> torch.Tensor:
 
 def test_an_anchor_holds_the_policy_while_the_critic_reshapes_the_core():
     """Advantages of 0 (a solved task) leave the policy to the critic's regression on noisy
-    targets, which moves the shared core and with it the policy. A KL penalty to the best
-    agent (kept at the start) or to a slow average of it holds the policy; one to the policy
-    that acted (an average of decay 0) does not: its pull is 0 where each step starts."""
+    targets, which moves the shared core and with it the policy. A KL penalty to the solved
+    agent holds the policy; one to the policy of each step's start (PPO's KL penalty to the
+    policy that acted) does not: its pull is 0 where each step starts."""
     B, T = 4, 8
     obs = torch.as_tensor(np.random.default_rng(0).integers(0, 2, (B, T, *OBS_SHAPE)))
     obs = obs.to(torch.uint8)
     starts = torch.zeros(B, T, dtype=torch.bool)
     starts[:, 0] = True
 
-    def drift(anchor_coef: float, kind: str = "best", decay: float = 0.0) -> float:
+    def drift(anchor_coef: float, renewed: bool = False) -> float:
         agent = make_agent("transformer_xl")
         torch.nn.init.orthogonal_(agent.policy.weight, gain=3.0)  # a decided policy
         state = agent.initial_state(B)
         with torch.no_grad():
             start_logits = agent(obs, state, starts)[0]
-        anchor = PolicyAnchor(agent, kind, decay)
+        anchor = PolicyAnchor(agent, solved=0.95)
         optimizer = torch.optim.Adam(agent.parameters(), lr=3e-3)
         torch.manual_seed(1)
         for _ in range(50):
+            if renewed or not anchor.active:
+                anchor.keep(agent, 1.0)
             logits, values, _ = agent(obs, state, starts)
             loss = 0.5 * (values - torch.randn(B, T)).pow(2).mean()  # the critic's noise
             with torch.no_grad():
@@ -294,14 +286,12 @@ def test_an_anchor_holds_the_policy_while_the_critic_reshapes_the_core():
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-            anchor.update(agent)
         return policy_kl(logits.detach(), start_logits).mean().item()
 
     free = drift(0.0)
     assert free > 0.5
-    assert drift(1.0, "best") < 0.2 * free
-    assert drift(1.0, "average", decay=0.99) < 0.6 * free
-    assert drift(1.0, "average", decay=0.0) > 0.8 * free
+    assert drift(1.0) < 0.2 * free
+    assert drift(1.0, renewed=True) > 0.8 * free
 
 
 @pytest.mark.parametrize("kind", [*KINDS, *RECURRENT_KINDS])

@@ -108,22 +108,29 @@ def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
 
 @pytest.mark.parametrize(
     "setting",
-    [[], ["memory.span_noise=0.5"], ["agent.anchor_coef=1", "agent.anchor=average"]],
+    [
+        [],
+        ["memory.span_noise=0.5"],
+        ["agent.anchor_coef=1", "agent.anchor_from=0", "log_interval=1"],
+    ],
     ids=["default", "explore", "anchor"],
 )
 def test_a_resumed_run_writes_what_one_unbroken_run_writes(tmp_path, setting):
     """RL resume is exact: the checkpoint holds the environments, the carried memory (with
     its span-noise streams when spans explore), the running statistics and the policy
-    anchor (with agent.anchor_coef; an average, never the agent itself), so a run stopped
+    anchor (with agent.anchor_coef: an earlier agent than the one saved), so a run stopped
     at half its steps and resumed writes the metrics of the run that went straight through
     (checkpoints and logs out of step on purpose)."""
-    args = [*TINY_RL, *setting, "log_interval=2", "checkpoint_interval=3"]
+    args = [*TINY_RL, "log_interval=2", "checkpoint_interval=3", *setting]
     args.append("eval.after_training=false")
     straight, halves = tmp_path / "straight", tmp_path / "halves"
     result = run([*args, f"total_steps={8 * STEPS_PER_UPDATE}"], straight)
     assert result.returncode == 0, result.stderr
     result = run([*args, f"total_steps={4 * STEPS_PER_UPDATE}"], halves)
     assert result.returncode == 0, result.stderr
+    if "agent.anchor_coef=1" in setting:  # the anchor is not the saved agent: resume needs it
+        saved = torch.load(halves / "checkpoint.pt", weights_only=True)
+        assert any(not torch.equal(saved["anchor"][k], v) for k, v in saved["agent"].items())
     result = run([*args, f"total_steps={8 * STEPS_PER_UPDATE}", "resume=true"], halves)
     assert result.returncode == 0, result.stderr
 
