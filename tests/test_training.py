@@ -447,7 +447,8 @@ def test_wandb_offline_run_writes_under_the_run_dir_without_network(tmp_path, mo
         {"step": 20, "resumed_metric": 0.75},
     ]
     assert (tmp_path / "wandb_run_id").read_text().strip() == run_id
-    run_files = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    # (a resumed run that starts within the same second gets the directory name suffix "-1")
+    run_files = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}*/run-{run_id}.wandb"))
     written = b"".join(path.read_bytes() for path in run_files)
     assert b"first_metric" in written and b"resumed_metric" in written
     captured = capfd.readouterr()
