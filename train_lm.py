@@ -15,6 +15,7 @@ from the same data; the checkpoint also holds the carried memory, so it continue
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import sys
@@ -269,6 +270,9 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             progress_bar(cfg.total_steps, initial=first_step, enabled=dist.is_main)
         )
         task_metric = "valid_bpb" if data.metric == "bpb" else f"valid_{data.metric}"
+        # errors of answers that learn nothing (collision), over the whole validation split
+        whole_split = data.info.get("baselines", {}).get("valid", {}) if not cfg.eval_tokens else {}
+        baselines = {f"valid_{key}": value for key, value in whole_split.items()}
         tokens_per_step = cfg.batch_size * K
         train_time, timed_steps = 0.0, 0  # this process's training time since the last log
 
@@ -333,7 +337,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
                 train_time, timed_steps = 0.0, 0
             if done % cfg.eval_interval == 0 or last:
-                record.update(evaluate(model, valid_rows, data.metric, dist, "valid"))
+                record.update(evaluate(model, valid_rows, data.metric, dist, "valid"), **baselines)
             if record:
                 logger.log(record, step=done)
                 shown = ("train_loss", task_metric, "memory_size")
@@ -397,6 +401,7 @@ def main(cfg: DictConfig) -> None:
     cfg, checkpoint = resumed_run(cfg)
     check_config(cfg)
     train(cfg, checkpoint)
+    gc.collect()  # frees a DDP wrapper's process group now, not at shutdown (cleanup_distributed)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ instead. Under `torchrun` every rank steps its own environments and gradients ar
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import logging
@@ -781,6 +782,7 @@ def main(cfg: DictConfig) -> None:
     cfg, checkpoint = resumed_run(cfg)
     check_config(cfg)
     train(cfg, checkpoint)
+    gc.collect()  # frees a DDP wrapper's process group now, not at shutdown (cleanup_distributed)
 
 
 if __name__ == "__main__":

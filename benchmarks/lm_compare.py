@@ -39,6 +39,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_CORPUS = "python_docs.txt"
+BASELINES = ("valid_constant_error", "valid_last_collision_error")  # logged by collision runs
 
 TASKS: dict[str, dict] = {
     "text": {
@@ -129,6 +130,7 @@ def train(task: str, kind: str, span: int, steps: int, seed: int, out: Path, cor
         "steps": records[-1]["step"],
         metric: evaluated[-1][metric],
         "valid_memory_size": evaluated[-1]["valid_memory_size"],
+        **{k: v for k, v in evaluated[-1].items() if k in BASELINES},
         "memory_size": sum(r["memory_size"] for r in trained) / len(trained),
         "tokens_per_s": sum(r["tokens_per_s"] for r in trained) / len(trained),
         "wall_s": round(wall, 1),

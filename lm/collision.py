@@ -37,7 +37,7 @@ import numpy as np
 
 from lm.data import IGNORE, Split, TaskData, TaskDataError, cached_task, compact_dtype
 
-GENERATOR_VERSION = 1  # bump when the generated data changes, so caches are rebuilt
+GENERATOR_VERSION = 2  # bump when the generated data or its info changes, so caches are rebuilt
 COLOUR_NAMES = ("red", "green", "blue", "yellow", "purple", "orange", "cyan", "pink")
 NUM_QUADRANTS = 4
 
@@ -234,6 +234,25 @@ def _recent_questions(
     return questions, answers
 
 
+def baseline_errors(world: CollisionWorld, rules: CollisionRules) -> dict[str, float]:
+    """Errors of answers that learn nothing, over a world's scored questions (hard version):
+    the best constant quadrant (chosen on these very answers, so no constant does better) and
+    the quadrant of the last collision of any colours. A model beats the constant answer
+    only by remembering collisions; the last collision is right whenever the question names
+    its pair (40%) and by chance otherwise."""
+    if not rules.hard:
+        raise TaskDataError("baseline_errors scores the hard version's colour-pair questions")
+    answers = world.answers[:, 0]
+    scored = np.flatnonzero(answers != IGNORE)
+    counts = np.bincount(answers[scored], minlength=NUM_QUADRANTS)
+    last = np.searchsorted(world.collision_steps, scored, side="right") - 1
+    last_quadrant = quadrant(world.cells[world.collision_steps[last], 0], rules.grid_size)
+    return {
+        "constant_error": 1.0 - counts.max() / scored.size,
+        "last_collision_error": float((last_quadrant != answers[scored]).mean()),
+    }
+
+
 def encode(world: CollisionWorld, rules: CollisionRules) -> Split:
     """The token stream of a simulation: one frame per step, answers in the last slots."""
     grid, colours = rules.grid_size, rules.num_colors
@@ -296,14 +315,17 @@ def load_collision(
     params = {"version": GENERATOR_VERSION, "rules": asdict(rules), "steps": steps, "seed": seed}
 
     def build() -> TaskData:
-        splits, collisions = {}, 0
+        splits, baselines, collisions = {}, {}, 0
         for index, (split, count) in enumerate(steps.items()):
             world = simulate(count, rules, [seed, index])
             splits[split] = encode(world, rules)
+            if hard and world.collision_steps.size:
+                baselines[split] = baseline_errors(world, rules)
             collisions += world.collision_steps.size
         info = params | {
             "tokens_per_step": rules.tokens_per_step,
             "collisions_per_1000_steps": 1000 * collisions / sum(steps.values()),
+            "baselines": baselines,
         }
         return TaskData("collision", rules.vocab, metric="error", info=info, **splits)
 

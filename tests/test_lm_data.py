@@ -240,6 +240,27 @@ def test_answers_match_a_slow_reference(hard):
     assert (world.answers != IGNORE).any(axis=1).mean() > 0.5
 
 
+def test_baseline_errors_against_every_constant_and_a_slow_last_collision():
+    rules = col.CollisionRules(grid_size=8)
+    world = col.simulate(8000, rules, 7)
+    answers = world.answers[:, 0]
+    scored = answers != IGNORE
+    baselines = col.baseline_errors(world, rules)
+    every_constant = [(answers[scored] != q).mean() for q in range(col.NUM_QUADRANTS)]
+    assert baselines["constant_error"] == pytest.approx(min(every_constant))
+    last, hits = None, []
+    for t in range(len(answers)):
+        if t in set(world.collision_steps.tolist()):
+            last = int(col.quadrant(world.cells[t, 0], rules.grid_size))
+        if scored[t]:
+            hits.append(last == answers[t])
+    assert baselines["last_collision_error"] == pytest.approx(1 - np.mean(hits))
+    # questions that always name the last collision are answered by it
+    always_last = col.CollisionRules(grid_size=8, last_collision_question_prob=1.0)
+    world = col.simulate(8000, always_last, 7)
+    assert col.baseline_errors(world, always_last)["last_collision_error"] == 0.0
+
+
 @pytest.mark.parametrize("hard", [True, False])
 def test_collision_tokens_spell_the_world(hard):
     rules = col.CollisionRules(hard=hard)

@@ -103,7 +103,12 @@ def setup_distributed(device: str = "auto") -> DistInfo:
 
 
 def cleanup_distributed() -> None:
-    """Leave the process group (safe to call when there is none)."""
+    """Leave the process group (safe to call when there is none).
+
+    A DistributedDataParallel wrapper sits in a reference cycle that keeps the group's
+    backend alive after this call; the trainers collect it once `train` has returned, because
+    a gloo group freed during interpreter shutdown can abort the process after a finished run.
+    """
     if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
 
