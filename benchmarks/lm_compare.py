@@ -15,7 +15,9 @@ kinds; `--jobs 2` trains two models side by side (one core each).
   Transformer-XL L = 256.
 - collision: the hard Object Collision task (A.3.3) with its task-file sizes, scored by
   error over the whole validation split (chance: 0.75, less the quadrants' imbalance);
-  Expire-Span L = 4096 against Transformer-XL L = 512.
+  Expire-Span L = 4096 against Transformer-XL L = 512. Each run also prints the errors of two
+  answers that learn nothing on the same split: the best constant quadrant
+  (valid_constant_error) and the last collision's quadrant (valid_last_collision_error).
 - copy: distance 64, counts 1..4 (chance 0.25), a 2-layer model: Transformer-XL L = 16
   sees 2 x 16 = 32 < 64 tokens back, Expire-Span L = 256 can keep the A's, and
   Transformer-XL L = 128 sees them all (the full-memory reference). Blocks of 128
