@@ -20,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from lm import visualize
+from lm.collision import CollisionRules, baseline_errors, simulate
 from scripts import load_script, record_closing
 from training import ConfigError, DistInfo
 
@@ -256,6 +257,31 @@ def test_copy_needs_a_memory_that_reaches_the_first_run(tmp_path, cache_dir):
     assert final(tmp_path / "expire", "valid_accuracy") >= 0.9
     assert final(tmp_path / "fixed", "valid_accuracy") == pytest.approx(0.5, abs=0.1)
     assert final(tmp_path / "fixed", "memory_size") == pytest.approx(4, abs=0.1)
+
+
+@pytest.mark.parametrize("eval_tokens", ["null", "512"])
+def test_collision_runs_log_the_baselines_of_the_split_they_score(
+    eval_tokens, tmp_path, cache_dir, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
+    task = ["task.grid_size=4", "task.train_steps=300", "task.valid_steps=400"]
+    cfg = compose_config(
+        *SMALL,
+        "task=collision",
+        *task,
+        f"task.cache_dir={cache_dir}",
+        "total_steps=2",
+        f"eval_tokens={eval_tokens}",
+    )
+    train_lm.train(cfg, None)
+    last = metrics(tmp_path)[-1]
+    if eval_tokens == "512":  # a prefix: the whole split's references would mislead
+        assert "valid_constant_error" not in last
+        return
+    rules = CollisionRules(grid_size=4)
+    expected = baseline_errors(simulate(400, rules, [0, 1]), rules)  # the valid split
+    assert last["valid_constant_error"] == pytest.approx(expected["constant_error"])
+    assert last["valid_last_collision_error"] == pytest.approx(expected["last_collision_error"])
 
 
 # ------------------------------------------------------------------ resume and torchrun
