@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import numpy as np
@@ -447,10 +448,16 @@ def test_wandb_offline_run_writes_under_the_run_dir_without_network(tmp_path, mo
         {"step": 20, "resumed_metric": 0.75},
     ]
     assert (tmp_path / "wandb_run_id").read_text().strip() == run_id
-    # (a resumed run that starts within the same second gets the directory name suffix "-1")
-    run_files = sorted((tmp_path / "wandb").glob(f"offline-run-*-{run_id}*/run-{run_id}.wandb"))
-    written = b"".join(path.read_bytes() for path in run_files)
-    assert b"first_metric" in written and b"resumed_metric" in written
+    # (a resumed run that starts within the same second gets the directory name suffix "-1";
+    # W&B's service may still be writing its log when finish() returns, so allow it a moment)
+    pattern = f"offline-run-*-{run_id}*/run-{run_id}.wandb"
+    deadline = time.monotonic() + 30
+    while True:
+        written = b"".join(p.read_bytes() for p in (tmp_path / "wandb").glob(pattern))
+        if b"first_metric" in written and b"resumed_metric" in written:
+            break
+        assert time.monotonic() < deadline, f"the offline run files hold no metrics: {written!r}"
+        time.sleep(0.2)
     captured = capfd.readouterr()
     assert "wandb:" not in captured.out + captured.err
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [10, 20]
