@@ -248,9 +248,9 @@ def test_baseline_errors_against_every_constant_and_a_slow_last_collision():
     baselines = col.baseline_errors(world, rules)
     every_constant = [(answers[scored] != q).mean() for q in range(col.NUM_QUADRANTS)]
     assert baselines["constant_error"] == pytest.approx(min(every_constant))
-    last, hits = None, []
+    last, hits, collisions = None, [], set(world.collision_steps.tolist())
     for t in range(len(answers)):
-        if t in set(world.collision_steps.tolist()):
+        if t in collisions:
             last = int(col.quadrant(world.cells[t, 0], rules.grid_size))
         if scored[t]:
             hits.append(last == answers[t])
