@@ -31,10 +31,20 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from lm import IGNORE, TASKS, Split, TaskData, TaskDataError, answer_accuracy, load_task
+from lm import (
+    IGNORE,
+    TASKS,
+    Split,
+    TaskData,
+    TaskDataError,
+    answer_accuracy,
+    load_task,
+    source_rows,
+)
 from lm.model import LanguageModel
 from memory import KINDS, MemoryConfig, MemoryState
 from training import (
+    CHECKPOINT_FILE,
     ConfigError,
     DistInfo,
     SpanStats,
@@ -66,6 +76,7 @@ from training import (
 )
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
+VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token
 INTERVAL_KEYS = ("loss_sum", "scored", "aux_loss", "memory_size", "grad_norm", "steps")
 
 
@@ -99,6 +110,14 @@ def check_config(cfg: DictConfig) -> None:
     check_wandb_config(cfg.wandb)
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
+    init_from = cfg.get("init_from")
+    if init_from is not None:
+        path = Path(init_from)
+        if not (path / CHECKPOINT_FILE if path.is_dir() else path).is_file():
+            raise ConfigError(
+                f"init_from={init_from}: no checkpoint there; give a checkpoint file or the "
+                "directory of a train_lm.py run"
+            )
     check_choice("memory", cfg.memory.kind, KINDS)
     memory_config(cfg.memory)
 
@@ -141,6 +160,39 @@ def load_data(task_cfg: DictConfig, dist: DistInfo) -> TaskData:
 
 def build_model(cfg: DictConfig, vocab_size: int) -> LanguageModel:
     return LanguageModel(vocab_size, memory_config(cfg.memory))
+
+
+def transfer_weights(model: LanguageModel, path: str, vocab: list[str]) -> None:
+    """Start `model` from another run's weights (init_from), for fine-tuning and curricula.
+
+    The embedding and read-out rows follow the tokens (`lm.data.source_rows`: same name, or the
+    coarse cell of a smaller grid); a token the other run lacks keeps its fresh row. Every
+    other weight must have the same shape: the memory settings must be the other run's.
+    """
+    checkpoint = load_checkpoint(path)
+    check_checkpoint_kind(checkpoint, "model", f"init_from={path}", other="train_rl.py")
+    rows = torch.from_numpy(source_rows(vocab, checkpoint["vocab"]))
+    found = rows >= 0
+    weights = model.state_dict()
+    for name, value in checkpoint["model"].items():
+        own = weights.get(name)
+        per_token = name in VOCAB_WEIGHTS  # rows follow the tokens; only the rest must match
+        if own is None or own.shape[per_token:] != value.shape[per_token:]:
+            shape = "no such weight" if own is None else tuple(own.shape)
+            raise ConfigError(
+                f"init_from={path}: its {name} {tuple(value.shape)} does not fit this model "
+                f"({shape}); use the memory settings of the run it comes from"
+            )
+        if per_token:
+            own[found] = value[rows[found]]
+        else:
+            weights[name] = value
+    missing = set(weights) - set(checkpoint["model"])
+    if missing:
+        raise ConfigError(
+            f"init_from={path} has no {', '.join(sorted(missing))}: it is another memory kind"
+        )
+    model.load_state_dict(weights)
 
 
 def rank_rows(rows: Split, dist: DistInfo) -> Split:
@@ -249,7 +301,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         valid_rows = cut_rows(data.valid, cfg.eval_tokens, cfg.eval_batch_size, "eval_batch_size")
 
         seed_everything(rank_seed(cfg.seed, dist.rank))
-        model = build_model(cfg, data.vocab_size).to(dist.device)
+        model = build_model(cfg, data.vocab_size)
+        if checkpoint is None and cfg.get("init_from") is not None:
+            transfer_weights(model, cfg.init_from, data.vocab)
+        model = model.to(dist.device)
         learner = (
             DistributedDataParallel(model, broadcast_buffers=False)
             if dist.is_distributed

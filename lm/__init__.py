@@ -7,6 +7,7 @@ from lm.data import (
     TaskData,
     TaskDataError,
     answer_accuracy,
+    source_rows,
 )
 from lm.tasks import TASKS, load_task, task_options
 
@@ -19,5 +20,6 @@ __all__ = [
     "TaskDataError",
     "answer_accuracy",
     "load_task",
+    "source_rows",
     "task_options",
 ]

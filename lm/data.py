@@ -21,7 +21,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import zipfile
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -162,6 +164,36 @@ def answer_accuracy(pred: np.ndarray, split: Split) -> float:
         return float("nan")
     wrong_spans = np.unique(split.answer_id[in_span & (pred != split.targets)])
     return (spans.size - wrong_spans.size) / spans.size
+
+
+def source_rows(vocab: list[str], source_vocab: list[str]) -> np.ndarray:
+    """For each token of `vocab`, the row of `source_vocab` a transferred model starts it from
+    (-1: none, the row keeps its fresh initialisation).
+
+    A token takes the row of the same name. A numbered family (numbered from 0) that grew, like
+    a grid's cells x0..x3 becoming x0..x15, takes rows scaled to the source family's size: x_j
+    from x_(j g / G) for g source and G new members, so each coarse cell's row covers the fine
+    cells inside it and halves of the grid stay halves (a curriculum from a small grid to a
+    large one).
+    """
+    by_name = {token: row for row, token in enumerate(source_vocab)}
+    source_sizes, sizes = _family_sizes(source_vocab), _family_sizes(vocab)
+    rows = np.full(len(vocab), -1)
+    for index, token in enumerate(vocab):
+        match = _NUMBERED.fullmatch(token)
+        if match and source_sizes.get(match[1], sizes[match[1]]) != sizes[match[1]]:
+            prefix, number = match[1], int(match[2])
+            token = f"{prefix}{number * source_sizes[prefix] // sizes[prefix]}"
+        rows[index] = by_name.get(token, -1)
+    return rows
+
+
+def _family_sizes(vocab: list[str]) -> Counter:
+    """How many numbered tokens (x0, x1, ...) share each prefix."""
+    return Counter(match[1] for token in vocab if (match := _NUMBERED.fullmatch(token)))
+
+
+_NUMBERED = re.compile(r"(\D+)(\d+)")  # a numbered token: its prefix and its number
 
 
 def next_token_split(tokens: np.ndarray) -> Split:

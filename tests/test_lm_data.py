@@ -15,6 +15,7 @@ from lm import (
     answer_accuracy,
     copy_task,
     load_task,
+    source_rows,
 )
 from lm import collision as col
 from lm.data import _load_enwik8, load_enwik8
@@ -72,6 +73,14 @@ def check_byte_split(split: Split, part: bytes) -> None:
     assert split.inputs.tobytes() == part[:-1]
     assert split.targets.tobytes() == part[1:]
     assert split.answer_id is None
+
+
+def test_source_rows_match_names_and_scale_grown_numbered_families():
+    source = ["x0", "x1", "red", "quadrant0", "quadrant1"]
+    vocab = ["x0", "x1", "x2", "x3", "red", "blue", "quadrant0", "quadrant1"]
+    # x_j from x_(j * 2 // 4); quadrants kept their size and keep their names; blue is new
+    assert source_rows(vocab, source).tolist() == [0, 0, 1, 1, 2, -1, 3, 4]
+    assert source_rows(source, vocab).tolist() == [0, 2, 4, 6, 7]  # shrinking: x_j from x_2j
 
 
 @pytest.mark.parametrize("zipped", [False, True])

@@ -99,6 +99,7 @@ def compose_config(*overrides):
         (["eval.split=dev"], "valid"),
         (["mode=eval"], "checkpoint=PATH"),
         (["task=text"], "task.path"),
+        (["init_from=no/such/run"], "init_from=no/such/run: no checkpoint"),
     ],
 )
 def test_bad_config_values_are_named(overrides, expected):
@@ -282,6 +283,32 @@ def test_collision_runs_log_the_baselines_of_the_split_they_score(
     expected = baseline_errors(simulate(400, rules, [0, 1]), rules)  # the valid split
     assert last["valid_constant_error"] == pytest.approx(expected["constant_error"])
     assert last["valid_last_collision_error"] == pytest.approx(expected["last_collision_error"])
+
+
+def test_init_from_starts_a_finer_grid_from_the_coarse_grids_weights(
+    tmp_path, cache_dir, monkeypatch
+):
+    """A curriculum step: a 4 x 4 collision run's weights start an 8 x 8 model. Cells take
+    the rows of the coarse cells that hold them; every other weight is copied; a model of
+    another size is refused with a message that says so."""
+    task = ["task=collision", "task.train_steps=300", "task.valid_steps=400"]
+    task += [f"task.cache_dir={cache_dir}", "total_steps=2", "eval_tokens=512"]
+    monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
+    train_lm.train(compose_config(*SMALL, *task, "task.grid_size=4"), None)
+    coarse = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    vocab = CollisionRules(grid_size=8).vocab
+    model = train_lm.build_model(compose_config(*SMALL, *task), len(vocab))
+    train_lm.transfer_weights(model, str(tmp_path), vocab)
+    fine = model.state_dict()
+    for name in ("embedding.weight", "head.weight", "head.bias"):
+        for token, source in [("x5", "x2"), ("y1", "y0"), ("?blue", "?blue"), ("quadrant3",) * 2]:
+            row = fine[name][vocab.index(token)]
+            assert torch.equal(row, coarse["model"][name][coarse["vocab"].index(source)])
+    core = [name for name in fine if name.startswith("core.")]
+    assert core and all(torch.equal(fine[name], coarse["model"][name]) for name in core)
+    wider = train_lm.build_model(compose_config(*SMALL, *task, "memory.dim=64"), len(vocab))
+    with pytest.raises(ConfigError, match="use the memory settings of the run it comes from"):
+        train_lm.transfer_weights(wider, str(tmp_path), vocab)
 
 
 # ------------------------------------------------------------------ resume and torchrun
