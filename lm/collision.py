@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -282,6 +283,22 @@ def encode(world: CollisionWorld, rules: CollisionRules) -> Split:
     return Split(inputs.ravel(), targets.ravel(), answer_id.ravel())
 
 
+SPLITS = ("train", "valid", "test")
+
+
+def split_seed(seed: int, split: str) -> list[int]:
+    """The simulation seed of one split of the task generated from `seed`."""
+    return [seed, SPLITS.index(split)]
+
+
+def split_world(options: dict[str, Any], split: str) -> tuple[CollisionWorld, CollisionRules]:
+    """The simulated world behind a split of `load_collision(**options)`, for analyses that need
+    more than its tokens (which question, how far back its answer lies)."""
+    rules_fields = {name: options[name] for name in CollisionRules.__dataclass_fields__}
+    rules = CollisionRules(**rules_fields)
+    return simulate(options[f"{split}_steps"], rules, split_seed(options["seed"], split)), rules
+
+
 def load_collision(
     hard: bool = True,
     train_steps: int = 1_000_000,
@@ -316,8 +333,8 @@ def load_collision(
 
     def build() -> TaskData:
         splits, baselines, collisions = {}, {}, 0
-        for index, (split, count) in enumerate(steps.items()):
-            world = simulate(count, rules, [seed, index])
+        for split, count in steps.items():
+            world = simulate(count, rules, split_seed(seed, split))
             splits[split] = encode(world, rules)
             if hard and world.collision_steps.size:
                 baselines[split] = baseline_errors(world, rules)

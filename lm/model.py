@@ -10,10 +10,13 @@ and plain values and back, so a checkpoint can hold it and a resumed run continu
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import Tensor, nn
 
 from memory import CoreOutput, MemoryConfig, MemoryState, MemoryTransformer
+from training import load_checkpoint
 
 
 class LanguageModel(nn.Module):
@@ -37,3 +40,15 @@ class LanguageModel(nn.Module):
         """tokens (B, K) int64 -> logits (B, K, V) and the core's output (new state, aux loss)."""
         out = self.core(self.embedding(tokens), state)
         return self.head(out.hidden), out
+
+
+def load_trained(checkpoint_path: str | Path) -> tuple[LanguageModel, dict, list[str]] | None:
+    """The trained model (eval mode), its run config and vocabulary from a checkpoint file or
+    run directory of train_lm.py; None when there is no checkpoint there."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    if checkpoint is None:
+        return None
+    config, vocab = checkpoint["config"], checkpoint["vocab"]
+    model = LanguageModel(len(vocab), MemoryConfig(**config["memory"]))
+    model.load_state_dict(checkpoint["model"])
+    return model.eval(), config, vocab

@@ -29,10 +29,8 @@ from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global 
 
 from lm.data import BYTE_VOCAB, TaskDataError
 from lm.instruction import NEWLINE, UNK, tokenize
-from lm.model import LanguageModel
+from lm.model import LanguageModel, load_trained
 from lm.tasks import load_task
-from memory import MemoryConfig
-from training import load_checkpoint
 
 COLOURMAP = "Blues"  # darker: a longer span, as in the paper's figures
 SHOWN_NEWLINE = "\u21b5"  # a newline token is drawn as this arrow, then the line breaks
@@ -56,21 +54,17 @@ class Passage:
 
 
 def load_model(checkpoint_path: str | Path) -> tuple[LanguageModel, dict, list[str]]:
-    """The trained model (eval mode), its run config and vocabulary from a checkpoint."""
-    checkpoint = load_checkpoint(checkpoint_path)
-    if checkpoint is None:
+    """The trained Expire-Span model (eval mode), its run config and vocabulary."""
+    trained = load_trained(checkpoint_path)
+    if trained is None:
         raise VisualizeError(f"{checkpoint_path}: no checkpoint file there")
-    config = checkpoint["config"]
-    kind = config["memory"]["kind"]
+    kind = trained[1]["memory"]["kind"]
     if kind != "expire_span":
         raise VisualizeError(
             f"{checkpoint_path} is a memory={kind} model; expire-spans exist only in models "
             "trained with memory=expire_span"
         )
-    vocab = checkpoint["vocab"]
-    model = LanguageModel(len(vocab), MemoryConfig(**config["memory"]))
-    model.load_state_dict(checkpoint["model"])
-    return model.eval(), config, vocab
+    return trained
 
 
 @torch.no_grad()

@@ -18,6 +18,7 @@ from lm import (
     source_rows,
 )
 from lm import collision as col
+from lm import collision_probe as probe
 from lm.data import _load_enwik8, load_enwik8
 from lm.instruction import NEWLINE, UNK, Story, encode_story, load_instruction
 
@@ -268,6 +269,29 @@ def test_baseline_errors_against_every_constant_and_a_slow_last_collision():
     always_last = col.CollisionRules(grid_size=8, last_collision_question_prob=1.0)
     world = col.simulate(8000, always_last, 7)
     assert col.baseline_errors(world, always_last)["last_collision_error"] == 0.0
+
+
+def test_probe_groups_questions_by_the_pair_they_name_and_the_answers_age():
+    rules = col.CollisionRules(grid_size=4)
+    world = col.simulate(3000, rules, 5)
+    answers = world.answers[:, 0]
+    steps = np.arange(answers.size)
+    last = np.searchsorted(world.collision_steps, steps, side="right") - 1
+    groups = probe.error_groups(world, rules, answers)
+    scored = int((answers != IGNORE).sum())
+    assert groups["all"] == {"error": 0.0, "count": scored}
+    last_pair_groups = [g for name, g in groups.items() if name.startswith("last pair")]
+    assert groups["other pair"]["count"] + sum(g["count"] for g in last_pair_groups) == scored
+    # wrong exactly where the question names the pair of the last collision, 0-15 steps back
+    age = steps - world.collision_steps[np.maximum(last, 0)]
+    pairs = world.colours[world.collision_steps, 0] * rules.num_colors
+    pairs += world.colours[world.collision_steps, 1]
+    names_last = (last >= 0) & (world.questions == pairs[np.maximum(last, 0)])
+    recent = names_last & (age < 16) & (answers != IGNORE)
+    groups = probe.error_groups(world, rules, np.where(recent, (answers + 1) % 4, answers))
+    assert groups["last pair, 0-15 steps back"] == {"error": 1.0, "count": int(recent.sum())}
+    assert groups["other pair"]["error"] == groups["last pair, 16-63 steps back"]["error"] == 0
+    assert groups["all"]["error"] == pytest.approx(recent.sum() / scored)
 
 
 @pytest.mark.parametrize("hard", [True, False])

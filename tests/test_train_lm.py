@@ -19,7 +19,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from lm import visualize
+from lm import collision_probe, visualize
 from lm.collision import CollisionRules, baseline_errors, simulate
 from scripts import load_script, record_closing
 from training import ConfigError, DistInfo
@@ -262,7 +262,7 @@ def test_copy_needs_a_memory_that_reaches_the_first_run(tmp_path, cache_dir):
 
 @pytest.mark.parametrize("eval_tokens", ["null", "512"])
 def test_collision_runs_log_the_baselines_of_the_split_they_score(
-    eval_tokens, tmp_path, cache_dir, monkeypatch
+    eval_tokens, tmp_path, cache_dir, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
     task = ["task.grid_size=4", "task.train_steps=300", "task.valid_steps=400"]
@@ -283,6 +283,11 @@ def test_collision_runs_log_the_baselines_of_the_split_they_score(
     expected = baseline_errors(simulate(400, rules, [0, 1]), rules)  # the valid split
     assert last["valid_constant_error"] == pytest.approx(expected["constant_error"])
     assert last["valid_last_collision_error"] == pytest.approx(expected["last_collision_error"])
+    # the probe reads the split as evaluation does (4 rows of 100 steps): the same error
+    assert collision_probe.main([str(tmp_path), "--rows", "4"]) == 0
+    probe = json.loads(capsys.readouterr().out)
+    assert probe["all"]["error"] == pytest.approx(last["valid_error"])
+    assert probe["references"] == pytest.approx(expected)
 
 
 def test_init_from_starts_a_finer_grid_from_the_coarse_grids_weights(
