@@ -6,8 +6,9 @@ tokens. Each update reads one block, carries the memory (detached) to the next b
 takes an Adam step with linear warm-up and cosine decay; every eval_interval updates a full
 pass over the first eval_tokens of the validation split, memory carried, gives valid_bpb
 (byte tasks) or valid_accuracy / valid_error (answer tasks). `mode=eval checkpoint=PATH`
-evaluates a checkpoint on a split instead. Under `torchrun` every rank walks its own slice
-of the B rows and gradients are all-reduced.
+evaluates a checkpoint on a split instead; `init_from=RUN` starts from another run's weights
+(fine-tuning, a curriculum of grids). Under `torchrun` every rank walks its own slice of the
+B rows and gradients are all-reduced.
 
 Update u reads block u mod (row length // K) of every row, so a resumed run continues
 from the same data; the checkpoint also holds the carried memory, so it continues exactly.
