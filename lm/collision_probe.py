@@ -29,8 +29,9 @@ from lm.collision import (
     split_world,
 )
 from lm.data import IGNORE
-from lm.model import LanguageModel, load_trained
+from lm.model import LanguageModel, trained_model
 from lm.tasks import task_options
+from training import load_checkpoint
 
 AGE_BINS = (0, 16, 64, 512)  # steps back: within a block of 128 tokens, of 512, of 4,096 ...
 
@@ -89,14 +90,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    trained = load_trained(args.checkpoint)
-    if trained is None:
+    checkpoint = load_checkpoint(args.checkpoint)
+    if checkpoint is None:
         parser.error(f"{args.checkpoint}: no checkpoint file there")
-    model, config, _ = trained
-    task = dict(config["task"])
+    task = dict(checkpoint["config"]["task"])
     if task.pop("name") != "collision" or not task.get("hard", True):
         parser.error(f"{args.checkpoint} is not a model of the hard collision task")
     world, rules = split_world(task_options("collision") | task, args.split)
+    model = trained_model(checkpoint)
     predicted = predicted_quadrants(model, encode(world, rules).inputs, args.rows)
     result = {"split": args.split, **error_groups(world, rules, predicted)}
     result["references"] = baseline_errors(world, rules)

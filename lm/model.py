@@ -10,13 +10,10 @@ and plain values and back, so a checkpoint can hold it and a resumed run continu
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 from torch import Tensor, nn
 
 from memory import CoreOutput, MemoryConfig, MemoryState, MemoryTransformer
-from training import load_checkpoint
 
 
 class LanguageModel(nn.Module):
@@ -42,13 +39,8 @@ class LanguageModel(nn.Module):
         return self.head(out.hidden), out
 
 
-def load_trained(checkpoint_path: str | Path) -> tuple[LanguageModel, dict, list[str]] | None:
-    """The trained model (eval mode), its run config and vocabulary from a checkpoint file or
-    run directory of train_lm.py; None when there is no checkpoint there."""
-    checkpoint = load_checkpoint(checkpoint_path)
-    if checkpoint is None:
-        return None
-    config, vocab = checkpoint["config"], checkpoint["vocab"]
-    model = LanguageModel(len(vocab), MemoryConfig(**config["memory"]))
+def trained_model(checkpoint: dict) -> LanguageModel:
+    """The model a train_lm.py checkpoint holds (see `training.load_checkpoint`), in eval mode."""
+    model = LanguageModel(len(checkpoint["vocab"]), MemoryConfig(**checkpoint["config"]["memory"]))
     model.load_state_dict(checkpoint["model"])
-    return model.eval(), config, vocab
+    return model.eval()

@@ -29,8 +29,9 @@ from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global 
 
 from lm.data import BYTE_VOCAB, TaskDataError
 from lm.instruction import NEWLINE, UNK, tokenize
-from lm.model import LanguageModel, load_trained
+from lm.model import LanguageModel, trained_model
 from lm.tasks import load_task
+from training import load_checkpoint
 
 COLOURMAP = "Blues"  # darker: a longer span, as in the paper's figures
 SHOWN_NEWLINE = "\u21b5"  # a newline token is drawn as this arrow, then the line breaks
@@ -55,16 +56,17 @@ class Passage:
 
 def load_model(checkpoint_path: str | Path) -> tuple[LanguageModel, dict, list[str]]:
     """The trained Expire-Span model (eval mode), its run config and vocabulary."""
-    trained = load_trained(checkpoint_path)
-    if trained is None:
+    checkpoint = load_checkpoint(checkpoint_path)
+    if checkpoint is None:
         raise VisualizeError(f"{checkpoint_path}: no checkpoint file there")
-    kind = trained[1]["memory"]["kind"]
+    config = checkpoint["config"]
+    kind = config["memory"]["kind"]
     if kind != "expire_span":
         raise VisualizeError(
             f"{checkpoint_path} is a memory={kind} model; expire-spans exist only in models "
             "trained with memory=expire_span"
         )
-    return trained
+    return trained_model(checkpoint), config, checkpoint["vocab"]
 
 
 @torch.no_grad()
