@@ -483,6 +483,13 @@ def test_visualization_reads_a_split_of_the_trained_task(text_run, tmp_path):
     assert shown["tokens"] == list(TEXT_FILE.read_bytes()[start : start + 64])
 
 
+def test_collision_probe_refuses_a_model_of_another_task(text_run, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        collision_probe.main([str(text_run)])
+    assert stopped.value.code == 2
+    assert "not a model of the hard collision task" in capsys.readouterr().err
+
+
 def test_visualization_refuses_models_without_expire_spans(tmp_path, capsys):
     torch.save({"step": 1, "config": {"memory": {"kind": "transformer_xl"}}}, tmp_path / "ck.pt")
     assert visualize.main([str(tmp_path / "ck.pt"), "--split", "valid", "--out", "x"]) == 2
