@@ -42,10 +42,9 @@ from lm import (
     load_task,
     source_rows,
 )
-from lm.model import LanguageModel
+from lm.model import LanguageModel, trained_model
 from memory import KINDS, MemoryConfig, MemoryState
 from training import (
-    CHECKPOINT_FILE,
     ConfigError,
     DistInfo,
     SpanStats,
@@ -59,6 +58,7 @@ from training import (
     check_range,
     check_run_dir_argument,
     check_wandb_config,
+    checkpoint_file,
     cleanup_distributed,
     exit_on_config_error,
     gather_parameter_digests,
@@ -112,13 +112,11 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
     init_from = cfg.get("init_from")
-    if init_from is not None:
-        path = Path(init_from)
-        if not (path / CHECKPOINT_FILE if path.is_dir() else path).is_file():
-            raise ConfigError(
-                f"init_from={init_from}: no checkpoint there; give a checkpoint file or the "
-                "directory of a train_lm.py run"
-            )
+    if init_from is not None and not checkpoint_file(init_from).is_file():
+        raise ConfigError(
+            f"init_from={init_from}: no checkpoint there; give a checkpoint file or the "
+            "directory of a train_lm.py run"
+        )
     check_choice("memory", cfg.memory.kind, KINDS)
     memory_config(cfg.memory)
 
@@ -432,8 +430,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     torch.set_num_threads(cfg.torch_threads)
     dist = DistInfo()
     data = load_data(trained.task, dist)
-    model = build_model(trained, data.vocab_size)
-    model.load_state_dict(checkpoint["model"])
+    model = trained_model(checkpoint)
     split = data.split(cfg.eval.split)
     rows = cut_rows(split, cfg.eval.tokens, trained.eval_batch_size, "eval.tokens")
     started = time.perf_counter()

@@ -66,10 +66,12 @@ def error_groups(
 
 
 @torch.no_grad()
-def predicted_quadrants(model: LanguageModel, inputs: np.ndarray, rows: int) -> np.ndarray:
+def predicted_quadrants(
+    model: LanguageModel, inputs: np.ndarray, tokens_per_step: int, rows: int
+) -> np.ndarray:
     """The model's quadrant at each step's answer slot, reading `rows` streams of whole steps
     (a token other than a quadrant is out of 0..3, so it is wrong, as in evaluation)."""
-    tokens_per_step, vocab = 8, model.head.out_features
+    vocab = model.head.out_features
     per_row = len(inputs) // tokens_per_step // rows
     tokens = torch.from_numpy(inputs[: rows * per_row * tokens_per_step].astype(np.int64))
     tokens = tokens.view(rows, per_row * tokens_per_step)
@@ -98,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.checkpoint} is not a model of the hard collision task")
     world, rules = split_world(task_options("collision") | task, args.split)
     model = trained_model(checkpoint)
-    predicted = predicted_quadrants(model, encode(world, rules).inputs, args.rows)
+    predicted = predicted_quadrants(
+        model, encode(world, rules).inputs, rules.tokens_per_step, args.rows
+    )
     result = {"split": args.split, **error_groups(world, rules, predicted)}
     result["references"] = baseline_errors(world, rules)
     print(json.dumps(result))

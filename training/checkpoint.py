@@ -98,12 +98,16 @@ def kept_checkpoints(run_dir: str | os.PathLike) -> list[tuple[int, Path]]:
     )
 
 
+def checkpoint_file(path: str | os.PathLike) -> Path:
+    """The checkpoint file a path names: the file itself, or RUN_DIR/checkpoint.pt."""
+    path = Path(path)
+    return path / CHECKPOINT_FILE if path.is_dir() else path
+
+
 def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> dict[str, Any] | None:
     """Load a checkpoint file, or RUN_DIR/checkpoint.pt when given a directory; None if absent,
     a ConfigError if it cannot be read."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / CHECKPOINT_FILE
+    path = checkpoint_file(path)
     if not path.is_file():
         return None
     try:
