@@ -74,6 +74,8 @@ from training import (
     set_metrics,
     setup_distributed,
     start_logging,
+    thread_count,
+    use_host,
 )
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
@@ -85,6 +87,7 @@ def check_config(cfg: DictConfig) -> None:
     """Reject impossible settings before any work is done."""
     check_choice("mode", cfg.mode, ("train", "eval"))
     check_choice("task", cfg.task.name, TASKS)
+    thread_count(cfg.torch_threads)  # auto, or a positive number
     if cfg.task.name == "text" and not cfg.task.get("path"):
         raise ConfigError("task=text reads a file of your own: add task.path=/path/to/file")
     for key in (
@@ -279,7 +282,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         resources.callback(cleanup_distributed)
         check_divisible("batch_size", cfg.batch_size, dist)
         check_divisible("eval_batch_size", cfg.eval_batch_size, dist)
-        torch.set_num_threads(cfg.torch_threads)
+        use_host(cfg.torch_threads)
         run_dir = get_run_dir(dist)
         if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
             raise ConfigError(
@@ -427,7 +430,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
         raise ConfigError(f"checkpoint={cfg.checkpoint}: no checkpoint file there")
     check_checkpoint_kind(checkpoint, "model", cfg.checkpoint, other="train_rl.py")
     trained = OmegaConf.create(checkpoint["config"])
-    torch.set_num_threads(cfg.torch_threads)
+    use_host(cfg.torch_threads)
     dist = DistInfo()
     data = load_data(trained.task, dist)
     model = trained_model(checkpoint)

@@ -89,6 +89,8 @@ from training import (
     set_metrics,
     setup_distributed,
     start_logging,
+    thread_count,
+    use_host,
 )
 
 LEARNERS = ("a2c", "ppo")
@@ -115,6 +117,7 @@ def check_config(cfg: DictConfig) -> None:
     """Reject impossible settings before any work is done."""
     check_choice("mode", cfg.mode, ("train", "eval"))
     check_choice("env", cfg.env.name, OUTCOMES)
+    thread_count(cfg.torch_threads)  # auto, or a positive number
     check_choice("agent", cfg.agent.name, LEARNERS)
     check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam", "amsgrad"))
     check_choice("agent.lr_schedule", cfg.agent.get("lr_schedule", "constant"), LR_SCHEDULES)
@@ -315,7 +318,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     with ExitStack() as resources:  # closed on every way out, exceptions included
         dist = setup_distributed(cfg.device)
         resources.callback(cleanup_distributed)
-        torch.set_num_threads(cfg.torch_threads)
+        use_host(cfg.torch_threads)
         seed_everything(rank_seed(cfg.seed, dist.rank))
         run_dir = get_run_dir(dist)
         if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
@@ -665,7 +668,7 @@ def evaluate(cfg: DictConfig) -> None:
             f"eval.keep_marked sets expire-spans, but {cfg.checkpoint} is a "
             f"memory={trained.memory.kind} agent; drop eval.keep_marked"
         )
-    torch.set_num_threads(cfg.torch_threads)
+    use_host(cfg.torch_threads)
     single = make_single_env(trained.env)
     agent = build_agent(trained, single.observation_space, single.action_space)
     single.close()

@@ -6,6 +6,7 @@ import io
 import json
 import math
 import os
+import platform
 import random
 import re
 import socket
@@ -21,6 +22,7 @@ import torch
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+import training.host
 import training.progress
 from training import (
     ConfigError,
@@ -53,6 +55,7 @@ from training import (
     seed_everything,
     set_metrics,
     setup_distributed,
+    thread_count,
 )
 
 NO_WANDB = {"wandb": {"mode": "disabled"}}
@@ -577,3 +580,33 @@ def test_span_stats_summarise_each_layer_over_the_interval():
         "span/l1_near_zero": 0.25,  # 0.0 (1.0 is not below 1)
     }
     assert stats.summary() == {}  # forgotten after a summary
+
+
+def test_thread_count_shares_the_cores_among_local_processes(monkeypatch):
+    monkeypatch.setattr(training.host, "available_cores", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert thread_count("auto") == 8
+    assert thread_count("auto", local_processes=3) == 2
+    assert thread_count("auto", local_processes=16) == 1
+    assert thread_count(3) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # a launcher's share of the cores
+    assert thread_count("auto", local_processes=2) == 3
+    for bad in (0, -2, "two", True, 1.5):
+        with pytest.raises(ConfigError, match=f"torch_threads={bad}: give a positive number"):
+            thread_count(bad)
+
+
+def test_use_host_sets_threads_from_torchrun_local_processes(monkeypatch):
+    monkeypatch.setattr(training.host, "available_cores", lambda: 4)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        assert training.host.use_host("auto") == 2
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_keep_freed_memory_applies_on_glibc_only():
+    assert training.host.keep_freed_memory() == (platform.libc_ver()[0] == "glibc")

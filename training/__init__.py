@@ -56,6 +56,7 @@ from training.distributed import (
     setup_distributed,
 )
 from training.files import atomic_open
+from training.host import thread_count, use_host
 from training.metrics import (
     METRICS_FILE,
     MetricsLogger,
@@ -118,6 +119,8 @@ __all__ = [
     "seed_everything",
     "set_metrics",
     "start_logging",
+    "use_host",
     "setup_distributed",
+    "thread_count",
     "truncate_metrics",
 ]

@@ -1,0 +1,81 @@
+"""How a training process uses the machine it runs on: CPU threads and freed memory.
+
+Both matter on a CPU because the models here are small: a layer's matrices are a few
+hundred kilobytes, so an update's time goes to many tensors of a megabyte or two that are
+made and freed at every operation, not to arithmetic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+
+import torch
+
+from training.config import ConfigError
+
+AUTO = "auto"
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 * 2**20  # the largest value glibc accepts on 64-bit hosts
+_TRIM_THRESHOLD = 2**30
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity, e.g. a container's share)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def thread_count(setting: int | str, local_processes: int = 1) -> int:
+    """Intra-op threads for ``torch_threads``: a positive number, or ``auto``: OMP_NUM_THREADS
+    when set (torchrun sets it for several processes per node, joblib's workers to their share
+    of the cores), else the available cores shared equally among the ``local_processes`` of
+    a job on this machine, at least one each."""
+    if setting == AUTO:
+        limit = os.environ.get("OMP_NUM_THREADS", "")
+        if limit.isdigit() and int(limit) > 0:
+            return int(limit)
+        return max(1, available_cores() // local_processes)
+    if isinstance(setting, bool) or not isinstance(setting, int) or setting < 1:
+        raise ConfigError(
+            f"torch_threads={setting}: give a positive number of threads, or torch_threads=auto "
+            "to use every core of the machine"
+        )
+    return setting
+
+
+def local_processes() -> int:
+    """The processes of this job on this machine (torchrun sets LOCAL_WORLD_SIZE)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+
+
+def use_host(torch_threads: int | str) -> int:
+    """Sets torch's intra-op threads from the ``torch_threads`` setting and keeps freed
+    memory in the process (``keep_freed_memory``); returns the number of threads."""
+    threads = thread_count(torch_threads, local_processes())
+    torch.set_num_threads(threads)
+    keep_freed_memory()
+    return threads
+
+
+def keep_freed_memory() -> bool:
+    """Make glibc reuse freed blocks instead of returning them to the system.
+
+    By default glibc serves blocks above a threshold with fresh mappings and unmaps them when
+    freed, so every large tensor of every step faults its pages in again: a fifth of a
+    gradient step of the paper's Corridor agent. Raising the mapping and trimming thresholds
+    keeps them in the heap. Returns False where the C library is not glibc (nothing done).
+    """
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(
+        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
+        and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    )
