@@ -97,7 +97,6 @@ def check_config(cfg: DictConfig) -> None:
         "log_interval",
         "eval_interval",
         "checkpoint_interval",
-        "torch_threads",
     ):
         check_positive_int(key, cfg[key])
     if cfg.eval_tokens is not None:
@@ -312,7 +311,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             if dist.is_distributed
             else model
         )
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True)
         first_step, state = 0, None
         interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
         if checkpoint is not None:
