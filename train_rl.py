@@ -501,11 +501,11 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                         torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.agent.max_grad_norm)
                     optimizer.step()
                     if terms.approx_kl is not None:
-                        epoch_kl += terms.approx_kl.item() / cfg.agent.minibatches
+                        epoch_kl += terms.approx_kl.detach() / cfg.agent.minibatches  # no sync
                 # PPO: stop this unroll's epochs once the policy is target_kl away from the one
                 # that acted (decided on the mean over ranks, so that all ranks stop together).
                 target_kl = cfg.agent.get("target_kl")
-                if target_kl and all_reduce_mean({"kl": epoch_kl}, dist)["kl"] > target_kl:
+                if target_kl and all_reduce_mean({"kl": float(epoch_kl)}, dist)["kl"] > target_kl:
                     break
 
             for key, value in (
@@ -514,7 +514,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 ("policy_loss", terms.policy.item()),
                 ("value_loss", terms.value.item()),
                 ("entropy", terms.entropy.item()),
-                ("approx_kl", epoch_kl),
+                ("approx_kl", float(epoch_kl)),
                 ("anchor_kl", anchor_kl.item()),
                 ("epochs", epochs_run),
             ):
