@@ -42,7 +42,6 @@ Output: one JSON object per line:
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import math
@@ -58,6 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from memory import KINDS, MemoryConfig, MemoryState, MemoryTransformer
+from training.host import return_freed_memory
 
 LAYERS, DIM, HEADS, FFN, BLOCK, BATCH, VOCAB = 4, 256, 4, 1024, 256, 4, 256
 RAMP = 128  # R of the paper's character-level models (A.3.4)
@@ -91,16 +91,6 @@ def reset_peak() -> bool:
             f.write("5")  # resets VmHWM to the current RSS
         return True
     except OSError:
-        return False
-
-
-def return_freed_memory_to_os() -> bool:
-    """Make glibc unmap large freed blocks from now on and trim its free memory."""
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-        mmap_threshold = -3  # M_MMAP_THRESHOLD in malloc.h
-        return bool(libc.mallopt(mmap_threshold, 128 * 1024)) and libc.malloc_trim(0) >= 0
-    except (OSError, AttributeError):
         return False
 
 
@@ -179,7 +169,7 @@ def measure(kind: str, max_span: int, steps: int) -> dict:
         sizes.append(out.memory_size)
         state = out.state
 
-    exact = return_freed_memory_to_os() and reset_peak()
+    exact = return_freed_memory() and reset_peak()
     for _ in range(steps):
         out = train_step(model, optimizer, state)
         sizes.append(out.memory_size)

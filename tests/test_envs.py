@@ -12,7 +12,7 @@ from gymnasium.utils.env_checker import check_env, data_equivalence
 from gymnasium.vector import AutoresetMode, SyncVectorEnv
 
 import envs
-from envs.demo import ScriptedCorridorPolicy
+from envs.demo import ScriptedCorridorPolicy, ScriptedPortalPolicy
 
 UP, RIGHT, DOWN, LEFT = range(4)
 CORRIDOR = "MazeBase/Corridor-v0"
@@ -129,6 +129,39 @@ def test_corridor_scripted_policy_always_wins():
             done, steps = terminated or truncated, steps + 1
         assert terminated and info["success"] and reward == 1.0
         assert steps == env.unwrapped.core.length[0]  # walking straight needs `length` steps
+
+
+def play_portal(policy: ScriptedPortalPolicy, seeds: range, **kwargs) -> list[dict]:
+    """One episode of Portal per seed with ``policy``: its outcome and how it ended."""
+    env = gym.make(PORTAL, **kwargs)
+    outcomes = []
+    for seed in seeds:
+        obs, _ = env.reset(seed=seed)
+        policy.reset()
+        done, episode_return = False, 0.0
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(policy.act(obs))
+            done, episode_return = terminated or truncated, episode_return + reward
+        outcomes.append({**info, "return": episode_return, "terminated": terminated})
+    return outcomes
+
+
+def test_portal_explorer_with_memory_never_errs_twice_and_reaches_the_last_room():
+    vocab = gym.make(PORTAL, num_rooms=6).unwrapped.vocab
+    policy = ScriptedPortalPolicy(vocab, memory=True, rng=np.random.default_rng(0))
+    for outcome in play_portal(policy, range(20), num_rooms=6, max_steps=400):
+        assert outcome["success"] and outcome["rooms_reached"] == 6
+        # a good door of room k pays 0.1 k: at least rooms 1..5 once
+        assert outcome["return"] >= 0.1 * sum(range(1, 6)) - 1e-9
+
+
+def test_portal_explorer_without_memory_ends_on_a_second_mistake():
+    vocab = gym.make(PORTAL).unwrapped.vocab
+    policy = ScriptedPortalPolicy(vocab, memory=False, rng=np.random.default_rng(0))
+    outcomes = play_portal(policy, range(40))
+    assert all(o["terminated"] and not o["success"] for o in outcomes)
+    # with a door chosen at random on every visit, a room is passed with probability 1/2
+    assert 1.5 < np.mean([o["rooms_reached"] for o in outcomes]) < 4
 
 
 def test_corridor_lengths_cover_the_range_and_the_layout_is_random():

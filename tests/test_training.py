@@ -608,5 +608,7 @@ def test_use_host_sets_threads_from_torchrun_local_processes(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_keep_freed_memory_applies_on_glibc_only():
-    assert training.host.keep_freed_memory() == (platform.libc_ver()[0] == "glibc")
+def test_freed_memory_settings_apply_on_glibc_only():
+    glibc = platform.libc_ver()[0] == "glibc"
+    assert training.host.return_freed_memory() == glibc
+    assert training.host.keep_freed_memory() == glibc

@@ -61,21 +61,39 @@ def use_host(torch_threads: int | str) -> int:
     return threads
 
 
+def _glibc() -> ctypes.CDLL | None:
+    """The C library if it is glibc (it has mallopt and malloc_trim), else None."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.mallopt, libc.malloc_trim  # noqa: B018  (glibc's own functions)
+    except (OSError, AttributeError, TypeError):
+        return None
+    return libc
+
+
 def keep_freed_memory() -> bool:
     """Make glibc reuse freed blocks instead of returning them to the system.
 
     By default glibc serves blocks above a threshold with fresh mappings and unmaps them when
-    freed, so every large tensor of every step faults its pages in again: a fifth of a
+    freed, so every large tensor of every step faults its pages in again: about a sixth of a
     gradient step of the paper's Corridor agent. Raising the mapping and trimming thresholds
     keeps them in the heap. Returns False where the C library is not glibc (nothing done).
     """
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name)
-        mallopt = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    return bool(
-        mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX)
-        and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD)
+    libc = _glibc()
+    return (
+        libc is not None
+        and bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX))
+        and bool(libc.mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    )
+
+
+def return_freed_memory() -> bool:
+    """The opposite, to measure live memory: from now on glibc maps blocks above 128 kB
+    afresh and unmaps them when freed, and it returns its free memory now, so the resident
+    set size follows the live tensors rather than the allocator's cache. False without glibc."""
+    libc = _glibc()
+    return (
+        libc is not None
+        and bool(libc.mallopt(_M_MMAP_THRESHOLD, 128 * 1024))
+        and libc.malloc_trim(0) >= 0
     )

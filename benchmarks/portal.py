@@ -1,0 +1,124 @@
+"""Multi-Room Portal: agents with different memories at one budget, against scripted references.
+
+    python benchmarks/portal.py --out runs/portal [--steps 6000000] [--agents ...]
+        [--episodes 100] [--references-only]
+
+References, measured here: `envs.demo.ScriptedPortalPolicy` with a memory of the doors it
+tried (the most remembering earns) and without (a door at random on every visit), each over
+``--episodes`` episodes of the default Portal (50 rooms of 5 x 5, 1000 steps).
+
+Agents: `python train_rl.py env=portal` (the paper's settings: 1024 environments, Adam 5e-4,
+L = 100) with each memory of ``--agents``, ``--steps`` environment steps each, one run at a
+time on every core, in ``--out``/<agent> (metrics, checkpoints, and the greedy evaluation of
+eval.json). A run that was stopped continues from its checkpoint when the command is given
+again. The memories:
+- ``expire_span``: Expire-Span, L = 100;
+- ``transformer_xl_100`` and ``transformer_xl_10``: a fixed span of 100 and of 10 steps;
+- ``span_1``: a fixed span of 1 step, an agent without a memory of the doors.
+
+Prints one JSON object per reference and per agent: {"policy", "return", "rooms_reached",
+"memory_size"} (an agent's from the mean of its last three logging intervals, and its greedy
+evaluation as "greedy_return" and "greedy_rooms_reached").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+
+import envs  # noqa: F401  (registers the environments)
+from envs.demo import ScriptedPortalPolicy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+AGENTS = {
+    "expire_span": ["memory=expire_span"],
+    "transformer_xl_100": ["memory=transformer_xl", "memory.max_span=100"],
+    "transformer_xl_10": ["memory=transformer_xl", "memory.max_span=10"],
+    "span_1": ["memory=transformer_xl", "memory.max_span=1"],
+}
+LAST_INTERVALS = 3
+
+
+def scripted_reference(memory: bool, episodes: int, seed: int = 0) -> dict:
+    """Mean return and rooms reached of the scripted explorer over ``episodes`` episodes."""
+    env = gym.make("MazeBase/Portal-v0")
+    policy = ScriptedPortalPolicy(env.unwrapped.vocab, memory, np.random.default_rng(seed))
+    returns, rooms = [], []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        policy.reset()
+        done, episode_return = False, 0.0
+        while not done:
+            obs, reward, terminated, truncated, info = env.step(policy.act(obs))
+            done, episode_return = terminated or truncated, episode_return + reward
+        returns.append(episode_return)
+        rooms.append(info["rooms_reached"])
+    name = "scripted, memory of the doors" if memory else "scripted, no memory"
+    return {
+        "policy": name,
+        "return": round(float(np.mean(returns)), 2),
+        "rooms_reached": round(float(np.mean(rooms)), 2),
+        "memory_size": None,
+    }
+
+
+def train_agent(name: str, out: Path, steps: int) -> dict:
+    """Trains (or continues) agent ``name`` in ``out``/``name``; its final figures."""
+    run_dir = out / name
+    resume = ["resume=true"] if (run_dir / "checkpoint.pt").exists() else []
+    subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "train_rl.py"),
+            "env=portal",
+            *AGENTS[name],
+            f"total_steps={steps}",
+            *resume,
+            f"hydra.run.dir={run_dir}",
+        ],
+        check=True,
+        cwd=ROOT,
+    )
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    last = [line for line in lines if "rooms_reached" in line][-LAST_INTERVALS:]
+    greedy = json.loads((run_dir / "eval.json").read_text())
+
+    def mean(key: str) -> float:
+        return round(float(np.mean([line[key] for line in last])), 2)
+
+    return {
+        "policy": name,
+        "steps": lines[-1]["step"],
+        "return": mean("return"),
+        "rooms_reached": mean("rooms_reached"),
+        "memory_size": mean("memory_size"),
+        "greedy_return": round(greedy["return"], 2),
+        "greedy_rooms_reached": round(greedy["rooms_reached"], 2),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=Path("runs/portal"), help="run directories")
+    parser.add_argument("--steps", type=int, default=6_000_000, help="environment steps per agent")
+    parser.add_argument("--agents", nargs="+", default=list(AGENTS), choices=AGENTS)
+    parser.add_argument("--episodes", type=int, default=100, help="episodes per reference")
+    parser.add_argument("--references-only", action="store_true")
+    args = parser.parse_args()
+    for memory in (True, False):
+        print(json.dumps(scripted_reference(memory, args.episodes)), flush=True)
+    if args.references_only:
+        return
+    for name in args.agents:
+        print(json.dumps(train_agent(name, args.out, args.steps)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
