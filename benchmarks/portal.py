@@ -1,6 +1,6 @@
 """Multi-Room Portal: agents with different memories at one budget, against scripted references.
 
-    python benchmarks/portal.py --out runs/portal [--steps 6000000] [--agents ...]
+    python benchmarks/portal.py --out runs/portal [--steps 20000000] [--agents ...]
         [--episodes 100] [--references-only]
 
 References, measured here: `envs.demo.ScriptedPortalPolicy` with a memory of the doors it
@@ -107,7 +107,7 @@ def train_agent(name: str, out: Path, steps: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/portal"), help="run directories")
-    parser.add_argument("--steps", type=int, default=6_000_000, help="environment steps per agent")
+    parser.add_argument("--steps", type=int, default=20_000_000, help="environment steps per agent")
     parser.add_argument("--agents", nargs="+", default=list(AGENTS), choices=AGENTS)
     parser.add_argument("--episodes", type=int, default=100, help="episodes per reference")
     parser.add_argument("--references-only", action="store_true")
