@@ -8,8 +8,8 @@ tried (the most remembering earns) and without (a door at random on every visit)
 ``--episodes`` episodes of the default Portal (50 rooms of 5 x 5, 1000 steps).
 
 Agents: `python train_rl.py env=portal` (the paper's settings: 1024 environments, Adam 5e-4,
-L = 100) with each memory of ``--agents``, ``--steps`` environment steps each, one run at a
-time on every core, in ``--out``/<agent> (metrics, checkpoints, and the greedy evaluation of
+L = 100) with each memory of ``--agents``, ``--steps`` environment steps each (20M: about an
+hour for Expire-Span on a 2-core CPU), one run at a time on every core, in ``--out``/<agent> (metrics, checkpoints, and the greedy evaluation of
 eval.json). A run that was stopped continues from its checkpoint when the command is given
 again. The memories:
 - ``expire_span``: Expire-Span, L = 100;
