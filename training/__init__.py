@@ -7,10 +7,11 @@ A loop uses them in this order:
     def main(cfg):
         cfg, checkpoint = resumed_run(cfg)  # checkpoint None unless resume=true; then cfg is
                                             # the saved run's but for RESUMABLE fields
-        validate(cfg)                     # check_choice / check_positive / check_wandb_config
+        validate(cfg)                     # check_choice / check_positive / thread_count / ...
         with ExitStack() as resources:    # closes what is opened on every way out
             dist = setup_distributed(cfg.device)
             resources.callback(cleanup_distributed)
+            use_host(cfg.torch_threads)   # threads (auto: the cores) and glibc's heap
             run_dir = get_run_dir(dist)
             seed_everything(rank_seed(cfg.seed, dist.rank))
             if checkpoint:                # ... and load the model and optimizer states

@@ -1,8 +1,9 @@
 """How a training process uses the machine it runs on: CPU threads and freed memory.
 
-Both matter on a CPU because the models here are small: a layer's matrices are a few
-hundred kilobytes, so an update's time goes to many tensors of a megabyte or two that are
-made and freed at every operation, not to arithmetic.
+Both matter on a CPU because the models here are small: every operation of a gradient step
+makes and frees tensors of a megabyte or two, so where that memory comes from costs as much
+as a fair part of the arithmetic, and the matrix products split well over a few cores
+(docs/performance.md).
 """
 
 from __future__ import annotations
