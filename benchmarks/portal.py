@@ -9,9 +9,9 @@ tried (the most remembering earns) and without (a door at random on every visit)
 
 Agents: `python train_rl.py env=portal` (the paper's settings: 1024 environments, Adam 5e-4,
 L = 100) with each memory of ``--agents``, ``--steps`` environment steps each (20M: about an
-hour for Expire-Span on a 2-core CPU), one run at a time on every core, in ``--out``/<agent> (metrics, checkpoints, and the greedy evaluation of
-eval.json). A run that was stopped continues from its checkpoint when the command is given
-again. The memories:
+hour for Expire-Span on a 2-core CPU), one run at a time on every core, in
+``--out``/<agent> (metrics, checkpoints, and the greedy evaluation of eval.json). A run that
+was stopped continues from its checkpoint when the command is given again. The memories:
 - ``expire_span``: Expire-Span, L = 100;
 - ``transformer_xl_100`` and ``transformer_xl_10``: a fixed span of 100 and of 10 steps;
 - ``span_1``: a fixed span of 1 step, an agent without a memory of the doors.
