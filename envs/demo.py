@@ -58,7 +58,8 @@ class ScriptedPortalPolicy:
         self.vocab = vocab
         self.memory = memory
         self.rng = rng
-        self.room_words = {i: int(word[5:]) for i, word in enumerate(vocab) if word[:5] == "room_"}
+        rooms = ((i, word) for i, word in enumerate(vocab) if word.startswith("room_"))
+        self.room_words = {i: int(word.removeprefix("room_")) for i, word in rooms}
         self.good: dict[int, str] = {}  # room -> colour of its good door (with memory)
         self.bad: dict[int, str] = {}  # room -> colour of its bad door (with memory)
         self.reset()
@@ -74,8 +75,9 @@ class ScriptedPortalPolicy:
 
     def act(self, obs: np.ndarray) -> int:
         room = self._room(obs)
-        if room != self.room or self.taken is not None:  # (a bad door of the first room leads
-            self._entered(room)  # back into it)
+        # through a door is always a new visit (a bad door of the first room leads back into it)
+        if room != self.room or self.taken is not None:
+            self._entered(room)
         if not self._words(obs[1, 2]):  # floor ahead: walk to the east wall
             return RIGHT
         doors = {row: self._door_color(obs[row, 2]) for row in range(3)}
@@ -100,7 +102,7 @@ class ScriptedPortalPolicy:
             else:
                 self.bad[self.room] = self.taken
         self.room, self.taken, self.first_seen, self.sweep = room, None, None, UP
-        self.take_first = bool(self.rng.integers(2)) if not self.memory else True
+        self.take_first = self.memory or bool(self.rng.integers(2))
 
     def _wanted(self, color: str) -> bool:
         if self.memory and self.room in self.good:
