@@ -107,6 +107,13 @@ def export_commit(revision: str, into: Path) -> str:
     return commit
 
 
+def code_versions(reference: str | None, into: Path) -> dict[str, Path]:
+    """The code to measure, by name: ``reference`` exported into ``into`` (measured first),
+    if given, then the working tree."""
+    codes = {export_commit(reference, into): into} if reference else {}
+    return {**codes, WORKING_TREE: ROOT}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=96000, help="steps per RL run")
@@ -115,10 +122,7 @@ def main() -> None:
     parser.add_argument("--reference", help="a commit to measure the same way, e.g. HEAD~3")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as reference_dir:
-        codes = {WORKING_TREE: ROOT}
-        if args.reference:
-            codes = {export_commit(args.reference, Path(reference_dir)): Path(reference_dir)}
-            codes[WORKING_TREE] = ROOT
+        codes = code_versions(args.reference, Path(reference_dir))
         for setting in args.settings:
             for kind in args.kinds:
                 rates = {}

@@ -23,7 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from throughput import ROOT, WORKING_TREE, export_commit, run_trainer
+from throughput import code_versions, run_trainer
 
 
 def time_to_target(lines: list[dict], target: float) -> tuple[int | None, float | None]:
@@ -48,10 +48,7 @@ def main() -> None:
     args = parser.parse_args()
     overrides = args.overrides or ["env.max_length=20"]
     with tempfile.TemporaryDirectory() as reference_dir:
-        codes = {WORKING_TREE: ROOT}
-        if args.reference:
-            codes = {export_commit(args.reference, Path(reference_dir)): Path(reference_dir)}
-            codes[WORKING_TREE] = ROOT
+        codes = code_versions(args.reference, Path(reference_dir))
         for code, code_dir in codes.items():
             times = []
             for seed in args.seeds:
