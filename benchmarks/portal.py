@@ -44,6 +44,7 @@ AGENTS = {
     "span_1": ["memory=transformer_xl", "memory.max_span=1"],
 }
 LAST_INTERVALS = 3
+CHECKPOINT_INTERVAL = 10  # updates; a Portal update is 1024 x 100 steps, so about 1M steps
 
 
 def scripted_reference(memory: bool, episodes: int, seed: int = 0) -> dict:
@@ -80,6 +81,7 @@ def train_agent(name: str, out: Path, steps: int) -> dict:
             "env=portal",
             *AGENTS[name],
             f"total_steps={steps}",
+            f"checkpoint_interval={CHECKPOINT_INTERVAL}",
             *resume,
             f"hydra.run.dir={run_dir}",
         ],
