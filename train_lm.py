@@ -43,7 +43,7 @@ from lm import (
     source_rows,
 )
 from lm.model import LanguageModel, trained_model
-from memory import KINDS, MemoryConfig, MemoryState
+from memory import MemoryConfig, MemoryState, kind_names
 from training import (
     ConfigError,
     DistInfo,
@@ -119,7 +119,7 @@ def check_config(cfg: DictConfig) -> None:
             f"init_from={init_from}: no checkpoint there; give a checkpoint file or the "
             "directory of a train_lm.py run"
         )
-    check_choice("memory", cfg.memory.kind, KINDS)
+    check_choice("memory", cfg.memory.kind, kind_names())
     memory_config(cfg.memory)
 
 

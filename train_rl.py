@@ -57,7 +57,7 @@ from agents.probes import (
     success_by_length,
     task_metric,
 )
-from memory import KINDS, MemoryConfig, MemoryTransformer
+from memory import MemoryConfig, MemoryTransformer, kind_names
 from training import (
     BEST_CHECKPOINT_FILE,
     METRICS_FILE,
@@ -164,7 +164,7 @@ def check_config(cfg: DictConfig) -> None:
         )
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
-    check_choice("memory", cfg.memory.kind, (*KINDS, *RECURRENT_KINDS))
+    check_choice("memory", cfg.memory.kind, (*kind_names(), *RECURRENT_KINDS))
     try:
         build_core(cfg.memory)  # the memory config checks its own fields
     except ValueError as error:

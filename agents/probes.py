@@ -80,8 +80,8 @@ def success_by_case(
 def keep_new_memories(state: MemoryState, chosen: torch.Tensor, span: float) -> None:
     """Sets the span of the memories the last step wrote (the last slot of every layer) to
     ``span`` for the environments ``chosen`` (B,) bool. Step mode without gradients only."""
-    for store in state.layers:
-        new_spans = store.view().span[:, -1]
+    for memory in state.layers:
+        new_spans = memory["recent"].view().span[:, -1]
         new_spans.masked_fill_(chosen.to(new_spans.device), span)
 
 
@@ -111,7 +111,7 @@ class SpanProbe:
                 new = out.spans[layer_index][:, 0].cpu()
                 self.marked[layer_index].extend(new[chosen].tolist())
                 self.unmarked[layer_index] += (float(new[~chosen].sum()), int((~chosen).sum()))
-            slots = state.layers[layer_index].view()
+            slots = state.layers[layer_index]["recent"].view()
             seen = layer.memory.alive(slots, query_time, state.episode_begin)
             age = query_time - slots.position
             seen &= age > 0  # the query itself is no memory

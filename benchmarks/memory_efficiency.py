@@ -56,7 +56,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memory import KINDS, MemoryConfig, MemoryState, MemoryTransformer
+from memory import MemoryConfig, MemoryState, MemoryTransformer, kind_names
 from training.host import return_freed_memory
 
 LAYERS, DIM, HEADS, FFN, BLOCK, BATCH, VOCAB = 4, 256, 4, 1024, 256, 4, 256
@@ -68,7 +68,7 @@ def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="spans 1024 and 4096 only")
     parser.add_argument("--spans", type=int, nargs="+", help="max spans (default: by --quick)")
-    parser.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    parser.add_argument("--kinds", nargs="+", default=list(kind_names()), choices=kind_names())
     parser.add_argument("--steps", type=int, default=3, help="timed training steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's choice)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "SPAN"), help=argparse.SUPPRESS)

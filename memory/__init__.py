@@ -10,36 +10,40 @@ Shared by the RL agents and the language models::
     out = core.step(x_t, out.state, episode_start_t)  # step mode: x_t (B, dim)
     out.hidden, out.state, out.aux_loss, out.memory_size
 
-Kinds (``MemoryConfig.kind``), one module each:
+Kinds (``MemoryConfig.kind``), each a module of the same name that keeps its own state
+(docs/memory-kinds.md says how to add one):
 
-- ``transformer_xl`` (``fixed_span``): the last L hidden states.
-- ``expire_span`` (``expire_span``): span predictor (eq. 3 / 8), soft mask (eq. 5),
-  auxiliary loss on the ramp (eq. 7, section 4.2), random memory shortening (4.2), small
-  initial spans (A.1).
-- ``adaptive_span`` (``adaptive_span``): a learned span per head with the ramp mask.
-- ``compressive`` (``compressive``): mean-pool compression of evicted memories.
+- ``transformer_xl``: a fixed span, the last L hidden states.
+- ``expire_span``: span predictor (eq. 3 / 8), soft mask (eq. 5), auxiliary loss on the
+  ramp (eq. 7, section 4.2), random memory shortening (4.2), small initial spans (A.1).
+- ``adaptive_span``: a learned span per head with the ramp mask.
+- ``compressive``: mean-pool compression of evicted memories.
 
 Shared pieces: ``attention`` (renormalised attention, eq. 4, and relative positions for the
-last block only, A.1), ``kind`` (visibility, masks, deletion), ``store`` (the memory layout
-and its deletion by compaction; ``MemoryState`` documents the state), ``transformer``.
+last block only, A.1), ``kind`` (visibility, masks, deletion; the registry of kinds),
+``store`` (the memory layout and its deletion by compaction; ``MemoryState`` and
+``LayerMemory`` document the state), ``transformer``.
 
 Step mode and block mode agree to float error: every mask and position term depends only
 on the distance t - i and on episode boundaries, never on how the steps were grouped.
 """
 
-from memory.config import KINDS, MemoryConfig
-from memory.kind import span_parameters
-from memory.store import MemoryState, Slots, SlotStore
+from memory.config import MemoryConfig
+from memory.kind import MemoryKind, kind_classes, kind_names, span_parameters
+from memory.store import LayerMemory, MemoryState, Slots, SlotStore
 from memory.transformer import CoreOutput, MemoryLayer, MemoryTransformer
 
 __all__ = [
-    "KINDS",
     "CoreOutput",
+    "LayerMemory",
     "MemoryConfig",
+    "MemoryKind",
     "MemoryLayer",
     "MemoryState",
     "MemoryTransformer",
     "SlotStore",
     "Slots",
+    "kind_classes",
+    "kind_names",
     "span_parameters",
 ]

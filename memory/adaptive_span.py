@@ -15,11 +15,13 @@ from torch import Tensor, nn
 
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, Read, ramp_mask
-from memory.store import Slots
+from memory.store import LayerMemory, Slots
 
 
 class AdaptiveSpan(MemoryKind):
     """A learned span per head with the ramp mask and its L1 span loss."""
+
+    name = "adaptive_span"
 
     def __init__(self, cfg: MemoryConfig) -> None:
         super().__init__(cfg)
@@ -35,7 +37,7 @@ class AdaptiveSpan(MemoryKind):
         start = 1 + (self.spans()[:, None] + relative[:, None, :]) / self.ramp  # (B, H, N)
         return ramp_mask(start, offsets, self.ramp)  # (B, H, Q, N)
 
-    def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
+    def loss(self, mask: Tensor, slots: Slots, call: Call, memory: LayerMemory) -> Tensor:
         return self.coef * self.spans().mean()
 
     def span_parameters(self) -> list[nn.Parameter]:

@@ -25,7 +25,7 @@ from torch import Tensor
 from memory.attention import MemoryAttention, Segment, log_mask
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, Read
-from memory.store import EMPTY, Slots, SlotStore
+from memory.store import EMPTY, LayerMemory, Slots
 
 
 def mean_pool(hidden: Tensor, rate: int) -> Tensor:
@@ -34,9 +34,10 @@ def mean_pool(hidden: Tensor, rate: int) -> Tensor:
 
 
 class Compressive(MemoryKind):
-    """A FIFO of L recent memories plus n_cm mean-pooled groups of c evicted ones."""
+    """A FIFO of L recent memories plus n_cm mean-pooled groups of c evicted ones, which its
+    memory keeps as ``compressed`` (position: the time index of a group's first memory)."""
 
-    compresses = True
+    name = "compressive"
 
     def __init__(self, cfg: MemoryConfig) -> None:
         super().__init__(cfg)
@@ -50,23 +51,24 @@ class Compressive(MemoryKind):
         groups = torch.div(behind + self.rate - 1, self.rate, rounding_mode="floor")  # ceil
         return begin + self.rate * groups.clamp_min(0)
 
+    def initial_memory(
+        self, batch: int, device: torch.device | str, dtype: torch.dtype, explore: bool
+    ) -> LayerMemory:
+        memory = super().initial_memory(batch, device, dtype, explore)
+        return memory.replace(compressed=self.empty_store(batch, device, dtype, with_span=False))
+
     def alive_recent(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         return slots.position >= self.oldest_in_fifo(torch.full_like(begin, time), begin)[:, None]
 
     def alive_compressed(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         return (slots.position >= time - self.reach) & (slots.position >= begin[:, None])
 
-    def read(
-        self,
-        attention: MemoryAttention,
-        memory: SlotStore,
-        compressed: SlotStore | None,
-        new: Slots,
-        call: Call,
-    ) -> Read:
-        recent, memory = self.extend(attention, memory, new, call, self.alive_recent)
+    def read(self, attention: MemoryAttention, memory: LayerMemory, new: Slots, call: Call) -> Read:
+        recent, kept = self.extend(attention, memory, "recent", new, call, self.alive_recent)
         pooled = self.compress(attention, recent, call)
-        older, compressed = self.extend(attention, compressed, pooled, call, self.alive_compressed)
+        older, compressed = self.extend(
+            attention, memory, "compressed", pooled, call, self.alive_compressed
+        )
 
         time, begin = call.positions, call.query_begin
         keep = call.visible(recent.position)
@@ -81,11 +83,12 @@ class Compressive(MemoryKind):
         ]
         count = keep.sum() + older_keep.sum()
         if not call.in_place:
-            memory = self.delete(recent, call, self.alive_recent)
+            kept = self.delete(recent, call, self.alive_recent)
             compressed = self.delete(older, call, self.alive_compressed)
         width, window = self.window_of(recent.position, call)
         zero = torch.zeros((), dtype=call.dtype, device=count.device)
-        return Read(segments, width, window, zero, count, memory, compressed)
+        after = memory.replace(recent=kept, compressed=compressed)
+        return Read(segments, width, window, zero, count, after)
 
     def compress(self, attention: MemoryAttention, recent: Slots, call: Call) -> Slots:
         """The groups that leave the FIFO during this call, pooled: one candidate per query.

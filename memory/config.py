@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-KINDS = ("transformer_xl", "expire_span", "adaptive_span", "compressive")
-
 
 @dataclass
 class MemoryConfig:
@@ -16,7 +14,7 @@ class MemoryConfig:
     alpha = 5e-6, BPTT blocks of 100 steps. Fields that a kind does not use are ignored by it.
     """
 
-    kind: str = "expire_span"  # one of KINDS
+    kind: str = "expire_span"  # one of memory.kind_names(): a module of memory/ each
     num_layers: int = 2
     dim: int = 64
     num_heads: int = 4
@@ -49,8 +47,12 @@ class MemoryConfig:
     compressed_span: int | None = None  # compressive: compressed memories kept (None: max_span)
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"memory kind {self.kind!r} is unknown; choose one of {list(KINDS)}")
+        from memory.kind import kind_names  # (the kinds import this module)
+
+        if self.kind not in kind_names():
+            raise ValueError(
+                f"memory kind {self.kind!r} is unknown; choose one of {list(kind_names())}"
+            )
         for name in ("num_layers", "dim", "num_heads", "ffn_dim", "max_span", "block_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

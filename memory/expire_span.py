@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, ramp_mask
-from memory.store import Slots
+from memory.store import LayerMemory, Slots
 
 
 class SpanPredictor(nn.Module):
@@ -139,8 +139,13 @@ def expire_span_loss(mask: Tensor, span: Tensor, ramp: float, coef: float) -> Te
 
 
 class ExpireSpan(MemoryKind):
-    """One expire-span per memory and layer, shared by all heads (4.2)."""
+    """One expire-span per memory and layer, shared by all heads (4.2).
 
+    Its memory holds, besides ``recent``, an exploring acting state's ``noise_stream`` (B,)
+    int64: the stream of every sequence's span noise in this layer (``span_noise``).
+    """
+
+    name = "expire_span"
     stores_span = True
 
     def __init__(self, cfg: MemoryConfig) -> None:
@@ -152,15 +157,22 @@ class ExpireSpan(MemoryKind):
         self.attended_threshold = cfg.attended_threshold
         self.attended_margin = cfg.attended_margin
         self.learns_from_attention = cfg.attended_span_coef > 0
+        self.shortening = cfg.memory_shortening
         self.predictor = SpanPredictor(cfg)
 
-    def explores(self, call: Call) -> bool:
-        return self.noise_std > 0 and call.noise_stream is not None
+    def initial_memory(
+        self, batch: int, device: torch.device | str, dtype: torch.dtype, explore: bool
+    ) -> LayerMemory:
+        memory = super().initial_memory(batch, device, dtype, explore)
+        if not (explore and self.noise_std > 0):
+            return memory
+        return memory.replace(noise_stream=torch.randint(2**31, (batch,)).to(device))
 
-    def span(self, hidden: Tensor, position: Tensor, call: Call) -> Tensor:
-        if not self.explores(call):
+    def span(self, hidden: Tensor, position: Tensor, memory: LayerMemory) -> Tensor:
+        stream = memory.get("noise_stream")
+        if stream is None:
             return self.predictor(hidden)
-        noise = span_noise(call.noise_stream, position).to(hidden.dtype)
+        noise = span_noise(stream, position).to(hidden.dtype)
         return self.max_span * torch.sigmoid(self.predictor.logit(hidden) + self.noise_std * noise)
 
     def span_parameters(self) -> list[nn.Parameter]:
@@ -180,12 +192,21 @@ class ExpireSpan(MemoryKind):
         )
         return shortfall * (self.attended_coef / (weights.shape[0] * weights.shape[2]))
 
-    def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
+    def loss(self, mask: Tensor, slots: Slots, call: Call, memory: LayerMemory) -> Tensor:
         loss = expire_span_loss(mask, slots.span, self.ramp, self.coef)
-        if call.span_credit is None or not self.explores(call):
+        stream = memory.get("noise_stream")
+        if call.span_credit is None or stream is None:
             return loss
-        noise = span_noise(call.noise_stream, slots.position).to(mask.dtype)
+        noise = span_noise(stream, slots.position).to(mask.dtype)
         credit = memory_credit(slots.position, call)
         logit = self.predictor.logit(slots.hidden.detach())  # the noise's credit trains w, b only
         queries = mask.shape[0] * mask.shape[1]
         return loss + span_policy_loss(logit, noise, credit, self.noise_std, queries)
+
+    def restrict(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
+        """Random memory shortening in training (4.2): l ~ U(0, L) per call and layer, and
+        the call's queries attend only to t - i <= l; the memories stay."""
+        if not (self.training and self.shortening):
+            return mask
+        shortening = float(torch.rand(())) * self.max_span
+        return mask * (slots.position[:, None, :] >= call.positions[:, :, None] - shortening)

@@ -11,6 +11,8 @@ as t grows) and is deleted (``alive``).
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -20,9 +22,24 @@ from torch import Tensor, nn
 
 from memory.attention import MemoryAttention, Segment, log_mask
 from memory.config import MemoryConfig
-from memory.store import Slots, SlotStore
+from memory.store import LayerMemory, Slots, SlotStore
 
 Alive = Callable[[Slots, int, Tensor], Tensor]
+KIND_CLASSES: dict[str, type[MemoryKind]] = {}  # filled as MemoryKind subclasses are defined
+
+
+def kind_classes() -> dict[str, type[MemoryKind]]:
+    """Every memory kind by name: those of this package's modules (imported here, so that a
+    new kind needs nothing but its module) and any other subclass defined before the call."""
+    package = importlib.import_module(__package__)
+    for module in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{__package__}.{module.name}")
+    return dict(KIND_CLASSES)
+
+
+def kind_names() -> tuple[str, ...]:
+    """The names ``MemoryConfig.kind`` accepts."""
+    return tuple(kind_classes())
 
 
 @dataclass
@@ -35,10 +52,8 @@ class Call:
     memory_begin: Tensor  # (B,) int64: episode begin before this call (that of the memories)
     in_place: bool  # step mode without gradients: append into the memory buffers
     recompute: bool  # gradients on: recompute memory keys, values and spans with live weights
-    shortening: float | None  # random memory shortening: attend only to t - i <= l (4.2)
     dtype: torch.dtype
     offsets: Tensor | None  # (Q,) t - start of every query, in dtype; None for one query
-    noise_stream: Tensor | None = None  # (B,) int64: this layer's span-noise stream (acting)
     span_credit: Tensor | None = None  # (B, Q): the return credited to each query's memories
 
     @property
@@ -69,8 +84,7 @@ class Read(NamedTuple):
     window: Tensor | None  # their time offsets, or None when consecutive
     aux_loss: Tensor  # the kind's auxiliary loss for this call and layer
     count: Tensor  # sum over queries of the number of keys with m_ti > 0 (mean over heads)
-    memory: SlotStore  # this layer's memory after the call
-    compressed: SlotStore | None = None  # compressive: compressed memories after the call
+    memory: LayerMemory  # this layer's memory after the call
     slots: Slots | None = None  # the keys' memories, in order (``attention_loss``)
 
 
@@ -89,22 +103,41 @@ def ramp_mask(start: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
 
 
 class MemoryKind(nn.Module):
-    """How one layer masks, penalises and deletes its memories. Subclasses: one per paper."""
+    """How one layer keeps, masks, penalises and deletes its memories; one subclass per
+    paper, in a module of this package named after it (docs/memory-kinds.md).
 
+    A subclass that sets ``name`` is registered under it: ``MemoryConfig(kind=name)`` and
+    ``configs/memory/<name>.yaml`` select it.
+    """
+
+    name: str  # the kind's name in MemoryConfig.kind
     stores_span = False  # a span per memory (``span``) is stored with it
     learns_from_attention = False  # ``attention_loss`` is taken in training
-    compresses = False  # the state holds compressed memories besides the recent ones
+
+    def __init_subclass__(cls, **kwargs) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" in cls.__dict__:
+            KIND_CLASSES[cls.name] = cls
 
     def __init__(self, cfg: MemoryConfig) -> None:
         super().__init__()
+        self.cfg = cfg
         self.max_span = cfg.max_span
         self.window = cfg.block_len - 1  # memories before a call that can get a position term
         self.renormalise = cfg.renormalise
 
     # --- what subclasses define ------------------------------------------------------
-    def span(self, hidden: Tensor, position: Tensor, call: Call) -> Tensor | None:
+    def initial_memory(
+        self, batch: int, device: torch.device | str, dtype: torch.dtype, explore: bool
+    ) -> LayerMemory:
+        """An empty memory of this layer for ``batch`` sequences; ``explore``: an acting
+        state that explores (Expire-Span's noisy spans)."""
+        return LayerMemory(recent=self.empty_store(batch, device, dtype, self.stores_span))
+
+    def span(self, hidden: Tensor, position: Tensor, memory: LayerMemory) -> Tensor | None:
         """Per-memory value computed when a memory is written (Expire-Span's e_i), for
-        memories ``hidden`` (B, N, dim) at time indices ``position`` (B, N)."""
+        memories ``hidden`` (B, N, dim) at time indices ``position`` (B, N) of a layer whose
+        memory is ``memory``."""
         return None
 
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
@@ -113,10 +146,15 @@ class MemoryKind(nn.Module):
         its own mask; bool for a hard mask, else float in [0, 1]."""
         raise NotImplementedError
 
-    def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
+    def loss(self, mask: Tensor, slots: Slots, call: Call, memory: LayerMemory) -> Tensor:
         """Auxiliary loss of this layer for the call over the memories ``slots`` it sees;
         ``mask`` already hides invisible keys."""
         return mask.new_zeros(())
+
+    def restrict(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
+        """The mask the attention uses, (B, Q, N) or (B, H, Q, N): ``mask`` without the keys
+        a kind hides from this call only, keeping them in memory (none here)."""
+        return mask
 
     def span_parameters(self) -> list[nn.Parameter]:
         """The parameters that set how long memories are kept (learned spans), if any."""
@@ -128,15 +166,16 @@ class MemoryKind(nn.Module):
         raise NotImplementedError
 
     # --- shared machinery ------------------------------------------------------------
-    def read(
-        self,
-        attention: MemoryAttention,
-        memory: SlotStore,
-        compressed: SlotStore | None,
-        new: Slots,
-        call: Call,
-    ) -> Read:
-        slots, memory = self.extend(attention, memory, new, call, self.alive)
+    def empty_store(
+        self, batch: int, device: torch.device | str, dtype: torch.dtype, with_span: bool
+    ) -> SlotStore:
+        cfg = self.cfg
+        return SlotStore.empty(batch, cfg.dim, cfg.num_heads, with_span, device, dtype)
+
+    def read(self, attention: MemoryAttention, memory: LayerMemory, new: Slots, call: Call) -> Read:
+        """What the layer's memory gives the attention of ``call``, whose new memories are
+        ``new``, and the layer's memory after the call."""
+        slots, recent = self.extend(attention, memory, "recent", new, call, self.alive)
         m = self.mask((slots.position - call.start).to(call.dtype), slots.span, call.offsets)
         visible = call.visible(slots.position)
         if m.dim() == 4:
@@ -146,13 +185,11 @@ class MemoryKind(nn.Module):
             aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
         else:
             m = m * visible
-            aux_loss = self.loss(m, slots, call)
+            aux_loss = self.loss(m, slots, call, memory)
         count = torch.count_nonzero(m)
         if m.dim() == 4:  # per-head masks: the mean over heads
             count = count / m.shape[1]
-        if call.shortening is not None:  # the attention is shortened, not the memory
-            within = self.within(slots, call)
-            m = m * (within[:, None] if m.dim() == 4 else within)
+        m = self.restrict(m, slots, call)
         if m.dim() == 3:
             m = m[:, None]
         if m.dtype == torch.bool or self.renormalise:
@@ -160,13 +197,9 @@ class MemoryKind(nn.Module):
         else:
             segment = Segment(slots.keys, slots.values, log_mask(m > 0, call.dtype), m)
         if not call.in_place:
-            memory = self.delete(slots, call, self.alive)
+            recent = self.delete(slots, call, self.alive)
         window = self.window_of(slots.position, call)
-        return Read([segment], *window, aux_loss, count, memory, slots=slots)
-
-    def within(self, slots: Slots, call: Call) -> Tensor:
-        """Random memory shortening (4.2): t - i <= l for the call's l, (B, Q, N)."""
-        return slots.position[:, None, :] >= call.positions[:, :, None] - call.shortening
+        return Read([segment], *window, aux_loss, count, memory.replace(recent=recent), slots)
 
     def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         """Which memories a query at ``time`` in an episode begun at ``begin`` (B,) can see."""
@@ -176,21 +209,29 @@ class MemoryKind(nn.Module):
         return (m[:, 0] > 0) & (slots.position >= begin[:, None])
 
     def extend(
-        self, attention: MemoryAttention, memory: SlotStore, new: Slots, call: Call, alive: Alive
+        self,
+        attention: MemoryAttention,
+        memory: LayerMemory,
+        part: str,
+        new: Slots,
+        call: Call,
+        alive: Alive,
     ) -> tuple[Slots, SlotStore]:
-        """The memories followed by the call's new ones, as the call's keys see them."""
+        """The memories of store ``part`` followed by ``new``, as the call's keys see them,
+        and the store (written in place in step mode without gradients)."""
+        store = memory[part]
         if call.in_place:
-            if not memory.can_append(new.length):
-                now = alive(memory.view(), call.start, call.query_begin[:, 0])
-                memory = memory.compacted(now, new.length)
-            memory = memory.appended(new)
-            return memory.view(), memory
-        old = memory.view()
+            if not store.can_append(new.length):
+                now = alive(store.view(), call.start, call.query_begin[:, 0])
+                store = store.compacted(now, new.length)
+            store = store.appended(new)
+            return store.view(), store
+        old = store.view()
         if call.recompute:  # so gradients reach W_k, W_v and the span predictor through them
             keys, values = attention.key_value(old.hidden)
-            span = self.span(old.hidden, old.position, call)
+            span = self.span(old.hidden, old.position, memory)
             old = Slots(old.hidden, keys, values, old.position, span)
-        return old.cat(new), memory
+        return old.cat(new), store
 
     def delete(self, slots: Slots, call: Call, alive: Alive) -> SlotStore:
         """Block mode: keep only the memories the next call's first query can still see."""

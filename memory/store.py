@@ -158,6 +158,67 @@ def _owns_storage(t: Tensor) -> bool:
     return t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
+Part = SlotStore | Tensor | None
+
+
+class LayerMemory:
+    """One layer's memory between calls, as named parts its memory kind defines.
+
+    Every kind keeps ``recent``, the store of the layer's recent hidden states; a kind may add
+    parts of its own (more stores, e.g. compressed memories; per-sequence tensors of shape
+    (B, ...), e.g. noise streams). Shared code selects, saves and measures a layer's memory
+    through this class without knowing which parts its kind keeps.
+    """
+
+    __slots__ = ("parts",)
+
+    def __init__(self, **parts: Part) -> None:
+        self.parts = parts
+
+    def __getitem__(self, name: str) -> Part:
+        return self.parts[name]
+
+    def get(self, name: str) -> Part:
+        return self.parts.get(name)
+
+    def replace(self, **parts: Part) -> LayerMemory:
+        """The same memory with the parts given replaced."""
+        return LayerMemory(**{**self.parts, **parts})
+
+    def stores(self) -> list[SlotStore]:
+        return [part for part in self.parts.values() if isinstance(part, SlotStore)]
+
+    def select(self, index: Tensor) -> LayerMemory:
+        """The memories of the batch elements ``index``."""
+
+        def pick(part: Part) -> Part:
+            if isinstance(part, SlotStore):
+                slots = Slots(*(None if t is None else t[index] for t in part.view()))
+                return SlotStore.of(slots.survivors(slots.position != EMPTY))
+            return None if part is None else part[index]
+
+        return LayerMemory(**{name: pick(part) for name, part in self.parts.items()})
+
+    def state_dict(self) -> dict[str, list[Tensor | None] | Tensor | None]:
+        """The parts as tensors: a store as the list of its slot fields."""
+
+        def save(part: Part) -> list[Tensor | None] | Tensor | None:
+            if isinstance(part, SlotStore):  # clone: a view would save its whole buffer
+                return [None if t is None else t.detach().cpu().clone() for t in part.view()]
+            return None if part is None else part.cpu()
+
+        return {name: save(part) for name, part in self.parts.items()}
+
+    @classmethod
+    def from_state_dict(cls, saved: dict, device: torch.device | str) -> LayerMemory:
+        def load(part: list[Tensor | None] | Tensor | None) -> Part:
+            if isinstance(part, list):
+                return SlotStore.of(Slots(*(None if t is None else t.to(device) for t in part)))
+            return None if part is None else part.to(device)
+
+        return cls(**{name: load(part) for name, part in saved.items()})
+
+
 @dataclass
 class MemoryState:
     """Everything the core carries from one call to the next, detached from autograd.
@@ -165,17 +226,12 @@ class MemoryState:
     ``time`` is the time index of the next step (all elements of the batch advance
     together; it starts at 0). ``episode_begin[b]`` is the time index at which element b's
     current episode began: memories before it are invisible and get deleted. ``layers[l]``
-    is layer l's memory of recent hidden states; for the compressive memory,
-    ``compressed[l]`` holds layer l's compressed memories (position = time index of the
-    first memory of the pooled group). ``noise_streams[b, l]`` identifies the span noise of
-    element b in layer l (Expire-Span's exploring spans); None: spans without noise.
+    is layer l's memory (``LayerMemory``), whose parts its memory kind defines.
     """
 
     time: int
     episode_begin: Tensor  # (B,) int64
-    layers: tuple[SlotStore, ...]
-    compressed: tuple[SlotStore, ...] | None = None
-    noise_streams: Tensor | None = None  # (B, num_layers) int64
+    layers: tuple[LayerMemory, ...]
 
     @property
     def batch_size(self) -> int:
@@ -187,53 +243,42 @@ class MemoryState:
 
     def select(self, index: Tensor) -> MemoryState:
         """The memories of the batch elements ``index`` (e.g. a minibatch of environments)."""
-
-        def pick(store: SlotStore) -> SlotStore:
-            slots = Slots(*(None if t is None else t[index] for t in store.view()))
-            return SlotStore.of(slots.survivors(slots.position != EMPTY))
-
-        return MemoryState(
-            time=self.time,
-            episode_begin=self.episode_begin[index],
-            layers=tuple(pick(store) for store in self.layers),
-            compressed=None if self.compressed is None else tuple(map(pick, self.compressed)),
-            noise_streams=None if self.noise_streams is None else self.noise_streams[index],
-        )
+        layers = tuple(layer.select(index) for layer in self.layers)
+        return MemoryState(self.time, self.episode_begin[index], layers)
 
     def state_dict(self) -> dict:
         """The memory as tensors and plain values, for `torch.load(weights_only=True)`."""
-
-        def slots(store: SlotStore) -> list[Tensor | None]:
-            # clone: a view would save its whole (larger) buffer
-            return [None if t is None else t.detach().cpu().clone() for t in store.view()]
-
         return {
             "time": self.time,
             "episode_begin": self.episode_begin.cpu().clone(),
-            "layers": [slots(store) for store in self.layers],
-            "compressed": None if self.compressed is None else [slots(s) for s in self.compressed],
-            "noise_streams": None if self.noise_streams is None else self.noise_streams.cpu(),
+            "layers": [layer.state_dict() for layer in self.layers],
         }
 
     @classmethod
     def from_state_dict(cls, saved: dict, device: torch.device | str) -> MemoryState:
         """The memory saved by `state_dict`, on `device`."""
-
-        def store(tensors: list[Tensor | None]) -> SlotStore:
-            return SlotStore.of(Slots(*(None if t is None else t.to(device) for t in tensors)))
-
-        compressed, streams = saved["compressed"], saved.get("noise_streams")
+        layers = saved["layers"]
+        if layers and isinstance(layers[0], list):  # saved before layers had named parts
+            layers = _named_parts(saved)
         return cls(
             time=saved["time"],
             episode_begin=saved["episode_begin"].to(device),
-            layers=tuple(store(t) for t in saved["layers"]),
-            compressed=None if compressed is None else tuple(store(t) for t in compressed),
-            noise_streams=None if streams is None else streams.to(device),
+            layers=tuple(LayerMemory.from_state_dict(layer, device) for layer in layers),
         )
 
     def stored_lengths(self) -> list[int]:
-        """Slots stored per layer, compressed memories included: the memory's footprint."""
-        lengths = [store.length for store in self.layers]
-        for layer, store in enumerate(self.compressed or ()):
-            lengths[layer] += store.length
-        return lengths
+        """Slots stored per layer, in all its stores: the memory's footprint."""
+        return [sum(store.length for store in layer.stores()) for layer in self.layers]
+
+
+def _named_parts(saved: dict) -> list[dict]:
+    """The layers of a state saved in the earlier layout (a store per layer, and the
+    compressive and Expire-Span extras beside them) as named parts."""
+    layers = [{"recent": slots} for slots in saved["layers"]]
+    for layer, slots in zip(layers, saved.get("compressed") or (), strict=False):
+        layer["compressed"] = slots
+    streams = saved.get("noise_streams")
+    if streams is not None:
+        for index, layer in enumerate(layers):
+            layer["noise_stream"] = streams[:, index]
+    return layers

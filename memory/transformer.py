@@ -9,27 +9,16 @@ Inputs are already-embedded vectors; outputs are final-normed hidden states.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from memory.adaptive_span import AdaptiveSpan
 from memory.attention import MemoryAttention
-from memory.compressive import Compressive
 from memory.config import MemoryConfig
-from memory.expire_span import ExpireSpan
-from memory.fixed_span import FixedSpan
-from memory.kind import Call, MemoryKind, Read
-from memory.store import MemoryState, Slots, SlotStore
-
-KIND_CLASSES: dict[str, type[MemoryKind]] = {
-    "transformer_xl": FixedSpan,
-    "expire_span": ExpireSpan,
-    "adaptive_span": AdaptiveSpan,
-    "compressive": Compressive,
-}
+from memory.kind import Call, Read, kind_classes
+from memory.store import LayerMemory, MemoryState, Slots
 
 
 @dataclass
@@ -50,7 +39,7 @@ class MemoryLayer(nn.Module):
         super().__init__()
         self.attention_norm = nn.LayerNorm(cfg.dim)
         self.attention = MemoryAttention(cfg)
-        self.memory = KIND_CLASSES[cfg.kind](cfg)
+        self.memory = kind_classes()[cfg.kind](cfg)
         self.ffn_norm = nn.LayerNorm(cfg.dim)
         self.ffn = nn.Sequential(
             nn.Linear(cfg.dim, cfg.ffn_dim), nn.ReLU(), nn.Linear(cfg.ffn_dim, cfg.dim)
@@ -58,14 +47,14 @@ class MemoryLayer(nn.Module):
         self.dropout = cfg.dropout
 
     def forward(
-        self, h: Tensor, memory: SlotStore, compressed: SlotStore | None, call: Call
+        self, h: Tensor, memory: LayerMemory, call: Call
     ) -> tuple[Tensor, Read, Tensor | None]:
         """The layer's output, what its memory gave the attention, and the spans of the new
         memories (None for kinds without a span per memory)."""
         x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
         q, k, v = self.attention.project(x)
-        new = Slots(x, k, v, call.positions, self.memory.span(x, call.positions, call))
-        read = self.memory.read(self.attention, memory, compressed, new, call)
+        new = Slots(x, k, v, call.positions, self.memory.span(x, call.positions, memory))
+        read = self.memory.read(self.attention, memory, new, call)
         keep = self.memory.learns_from_attention and torch.is_grad_enabled()
         attended, weights = self.attention(q, read.segments, read.width, read.window, keep)
         if weights is not None:
@@ -110,21 +99,13 @@ class MemoryTransformer(nn.Module):
         if device is None:
             device = self.final_norm.weight.device
         dtype = self.final_norm.weight.dtype
-        cfg = self.cfg
-
-        def store(with_span: bool) -> SlotStore:
-            return SlotStore.empty(batch_size, cfg.dim, cfg.num_heads, with_span, device, dtype)
-
-        kind = self.layers[0].memory
-        streams = None
-        if explore and cfg.kind == "expire_span" and cfg.span_noise > 0:
-            streams = torch.randint(2**31, (batch_size, cfg.num_layers)).to(device)
         return MemoryState(
             time=0,
             episode_begin=torch.zeros(batch_size, dtype=torch.long, device=device),
-            layers=tuple(store(kind.stores_span) for _ in self.layers),
-            compressed=tuple(store(False) for _ in self.layers) if kind.compresses else None,
-            noise_streams=streams,
+            layers=tuple(
+                layer.memory.initial_memory(batch_size, device, dtype, explore)
+                for layer in self.layers
+            ),
         )
 
     def forward(
@@ -179,27 +160,16 @@ class MemoryTransformer(nn.Module):
     ) -> CoreOutput:
         batch, length, _ = x.shape
         call = self._call(state, batch, length, episode_start, in_place, x.dtype, span_credit)
-        compressed = state.compressed or (None,) * len(self.layers)
         h = x
         reads, spans = [], []
-        for index, (layer, memory, older) in enumerate(
-            zip(self.layers, state.layers, compressed, strict=True)
-        ):
-            streams = state.noise_streams
-            layer_call = call if streams is None else replace(call, noise_stream=streams[:, index])
-            h, read, span = layer(h, memory, older, layer_call)
+        for layer, memory in zip(self.layers, state.layers, strict=True):
+            h, read, span = layer(h, memory, call)
             reads.append(read)
             spans.append(span)
         count = sum(r.count for r in reads)
         pairs = batch * length * len(self.layers)
         memory_size = (float(count) - pairs) / pairs  # a query seeing itself is no memory
-        new_state = MemoryState(
-            time=call.next_time,
-            episode_begin=call.next_begin,
-            layers=tuple(r.memory for r in reads),
-            compressed=tuple(r.compressed for r in reads) if state.compressed else None,
-            noise_streams=state.noise_streams,
-        )
+        new_state = MemoryState(call.next_time, call.next_begin, tuple(r.memory for r in reads))
         aux_loss = sum(r.aux_loss for r in reads)
         spans = None if spans[0] is None else tuple(span.detach() for span in spans)
         return CoreOutput(self.final_norm(h), new_state, aux_loss, memory_size, spans)
@@ -232,9 +202,6 @@ class MemoryTransformer(nn.Module):
             query_begin = torch.where(starts, positions, query_begin)
             if length > 1:
                 query_begin = query_begin.cummax(1).values
-        shortening = None
-        if self.training and self.cfg.memory_shortening and self.cfg.kind == "expire_span":
-            shortening = float(torch.rand(())) * self.cfg.max_span  # l ~ U(0, L) per call (4.2)
         return Call(
             start=state.time,
             positions=positions,
@@ -242,7 +209,6 @@ class MemoryTransformer(nn.Module):
             memory_begin=state.episode_begin,
             in_place=in_place,
             recompute=torch.is_grad_enabled(),
-            shortening=shortening,
             dtype=dtype,
             offsets=torch.arange(length, device=device, dtype=dtype) if length > 1 else None,
             span_credit=span_credit,

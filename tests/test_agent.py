@@ -23,7 +23,7 @@ from agents.learners import (
 from agents.module_swap import module_group, module_groups, swapped
 from agents.probes import keep_new_memories, success_by_case
 from agents.span_drift import drift_split
-from memory import KINDS, MemoryConfig, MemoryTransformer, span_parameters
+from memory import MemoryConfig, MemoryTransformer, kind_names, span_parameters
 from memory.expire_span import SpanPredictor
 
 OBS_SHAPE = (3, 3, 7)
@@ -294,7 +294,7 @@ def test_an_anchor_holds_the_policy_while_the_critic_reshapes_the_core():
     assert drift(1.0, renewed=True) > 0.8 * free
 
 
-@pytest.mark.parametrize("kind", [*KINDS, *RECURRENT_KINDS])
+@pytest.mark.parametrize("kind", [*kind_names(), *RECURRENT_KINDS])
 def test_block_mode_replays_what_step_mode_did(kind):
     """The learner recomputes an unroll in block mode from the memory it started with; its
     log-probabilities and values must be those the actor had, episode boundaries included
@@ -379,8 +379,8 @@ def test_kept_memories_outlive_their_span_and_only_those():
         state = out.state
         for _ in range(10):
             state = core.step(torch.randn(2, 16), state).state
-    for layer, store in zip(core.layers, state.layers, strict=True):
-        slots = store.view()
+    for layer, memory in zip(core.layers, state.layers, strict=True):
+        slots = memory["recent"].view()
         seen = layer.memory.alive(slots, state.time, state.episode_begin) & (slots.position == 0)
         assert seen.any(1).tolist() == [True, False]
 

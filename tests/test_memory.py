@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 
-from memory import KINDS, MemoryConfig, MemoryTransformer
+from memory import MemoryConfig, MemoryTransformer, kind_names
 
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
 # every kind with eq. 4's renormalisation, and the soft masks without it
+KINDS = kind_names()
 MASKINGS = [(kind, True) for kind in KINDS] + [("expire_span", False), ("adaptive_span", False)]
 
 
@@ -155,8 +158,9 @@ def test_states_made_in_inference_mode_can_be_continued_and_trained_on():
 
 
 @pytest.mark.parametrize("kind", KINDS)
-def test_selected_elements_continue_as_in_the_full_batch(kind):
-    """A minibatch of environments taken from the state continues exactly as they would."""
+def test_selected_and_saved_states_continue_as_the_full_batch(kind):
+    """A minibatch of environments taken from the state, and the state saved and loaded
+    (a checkpoint's), continue exactly as the state would."""
     core = make_core(kind)
     x = torch.randn(3, 30, 16)
     starts = episode_starts(3, 30)
@@ -165,7 +169,17 @@ def test_selected_elements_continue_as_in_the_full_batch(kind):
         full = core(x[:, 20:], state, starts[:, 20:]).hidden
         index = torch.tensor([2, 0])
         part = core(x[index, 20:], state.select(index), starts[index, 20:]).hidden
+        saved = torch.load(_saved(state.state_dict()), weights_only=True)
+        loaded = core(x[:, 20:], type(state).from_state_dict(saved, "cpu"), starts[:, 20:])
     assert (part - full[index]).abs().max() < TOLERANCE
+    assert torch.equal(loaded.hidden, full)
+
+
+def _saved(value) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(value, buffer)
+    buffer.seek(0)
+    return buffer
 
 
 def test_exploring_spans_are_replayed_in_block_mode_and_carried_by_the_state():
@@ -175,8 +189,8 @@ def test_exploring_spans_are_replayed_in_block_mode_and_carried_by_the_state():
     x, starts = torch.randn(3, 40, 16), episode_starts(3, 40)
     torch.manual_seed(5)
     state = core.initial_state(3, explore=True)
-    assert state.noise_streams.shape == (3, 2)
-    assert core.initial_state(3).noise_streams is None  # evaluation: the spans as predicted
+    assert [memory["noise_stream"].shape for memory in state.layers] == [(3,), (3,)]
+    assert core.initial_state(3).layers[0].get("noise_stream") is None  # spans as predicted
     with torch.no_grad():
         stepped, after = run_steps(core, x, starts, state)
         plain, _ = run_steps(core, x, starts)
@@ -191,6 +205,76 @@ def test_exploring_spans_are_replayed_in_block_mode_and_carried_by_the_state():
         full = core(more, after, starts[:, :6]).hidden
         part = core(more[index], saved.select(index), starts[index, :6]).hidden
     assert (part - full[index]).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize(
+    ("kind", "overrides"), [("compressive", {}), ("expire_span", {"span_noise": 0.7})]
+)
+def test_a_state_saved_in_the_earlier_layout_loads_as_the_same_memory(kind, overrides):
+    """Checkpoints written before layers held named parts: a store per layer, with the
+    compressed stores and the noise streams (B, layers) beside them."""
+    core = make_core(kind, **overrides)
+    x, starts = torch.randn(3, 30, 16), episode_starts(3, 30)
+    with torch.no_grad():
+        _, state = run_steps(core, x[:, :24], starts[:, :24], core.initial_state(3, explore=True))
+    saved = state.state_dict()
+    layers = saved["layers"]
+    earlier = {
+        "time": saved["time"],
+        "episode_begin": saved["episode_begin"],
+        "layers": [layer["recent"] for layer in layers],
+        "compressed": [layer["compressed"] for layer in layers] if kind == "compressive" else None,
+        "noise_streams": (
+            torch.stack([layer["noise_stream"] for layer in layers], 1) if overrides else None
+        ),
+    }
+    loaded = type(state).from_state_dict(earlier, "cpu")
+    assert loaded.stored_lengths() == state.stored_lengths()
+    with torch.no_grad():
+        expected = core(x[:, 24:], state, starts[:, 24:]).hidden
+        found = core(x[:, 24:], loaded, starts[:, 24:]).hidden
+    assert torch.equal(found, expected)
+
+
+def test_a_kind_is_found_by_its_name_and_keeps_a_state_of_its_own(monkeypatch):
+    """What docs/memory-kinds.md promises: a MemoryKind subclass with a ``name`` is a kind
+    (a module of this package is imported by the registry; here the class is defined in
+    place), its memory may hold parts of its own, and step mode equals block mode for it."""
+    import memory.kind
+    from memory import LayerMemory, MemoryKind, kind_classes
+
+    monkeypatch.setattr(memory.kind, "KIND_CLASSES", dict(memory.kind.KIND_CLASSES))
+
+    class LastTwo(MemoryKind):
+        name = "last_two"
+
+        def initial_memory(self, batch, device, dtype, explore) -> LayerMemory:
+            calls = torch.zeros(batch, dtype=torch.long, device=device)
+            return super().initial_memory(batch, device, dtype, explore).replace(calls=calls)
+
+        def mask(self, relative, span, offsets):
+            if offsets is None:
+                return (relative >= -2)[:, None, :]
+            return relative[:, None, :] >= (offsets - 2)[:, None]
+
+        def read(self, attention, memory, new, call):
+            read = super().read(attention, memory, new, call)
+            return read._replace(memory=read.memory.replace(calls=memory["calls"] + 1))
+
+    assert kind_classes()["last_two"] is LastTwo
+    with pytest.raises(ValueError, match="last_two"):
+        MemoryConfig(kind="last_three")
+    core = make_core("last_two")
+    x, starts = torch.randn(3, 20, 16), torch.zeros(3, 20, dtype=torch.bool)
+    with torch.no_grad():
+        stepped, state = run_steps(core, x, starts)
+        blocked, blocked_state = run_blocks(core, x, starts, 5)
+        out = core(x[:, :4], core.initial_state(3), starts[:, :4])
+    assert (stepped - blocked).abs().max() < TOLERANCE
+    assert state.layers[0]["calls"].tolist() == [20] * 3
+    assert blocked_state.select(torch.tensor([1])).layers[1]["calls"].tolist() == [4]
+    assert blocked_state.stored_lengths() == [2, 2]  # what the next query t sees: t - 2, t - 1
+    assert out.memory_size == (0 + 1 + 2 + 2) / 4  # a query seeing itself is no memory
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -208,7 +292,7 @@ def test_every_call_reports_aux_loss_and_memory_size(kind):
     with torch.no_grad():
         out = core.step(torch.randn(2, 16), out.state)
     assert out.aux_loss.shape == () and out.memory_size > 0
-    assert not any(t.requires_grad for t in out.state.layers[0].view() if t is not None)
+    assert not any(t.requires_grad for t in out.state.layers[0]["recent"].view() if t is not None)
 
 
 def test_transformer_xl_keeps_exactly_the_last_span():
@@ -218,7 +302,7 @@ def test_transformer_xl_keeps_exactly_the_last_span():
     with torch.no_grad():
         out = core(torch.randn(2, 30, 16), core.initial_state(2), starts)
         full = core(torch.randn(2, 12, 16), out.state)
-    positions = out.state.layers[0].view().position
+    positions = out.state.layers[0]["recent"].view().position
     assert positions[1].tolist() == list(range(18, 30))  # the last L = 12
     assert positions[0][positions[0] >= 0].tolist() == list(range(25, 30))  # its episode only
     # |C_t| = L once the memory is full; element 0 sees t - 25 memories until then

@@ -304,7 +304,6 @@ def test_memory_credit_is_the_return_after_the_memory_within_its_episode():
         memory_begin=torch.tensor([5]),
         in_place=False,
         recompute=True,
-        shortening=None,
         dtype=torch.float32,
         offsets=torch.arange(3.0),
         span_credit=torch.tensor([[1.0, 2.0, 3.0]]),
@@ -407,7 +406,7 @@ def test_compressed_memories_are_means_of_evicted_groups():
     with torch.no_grad():
         _, out = run(core, torch.randn(2, 31, 16), starts=starts, block=7)
     h = torch.cat(memories, 1)
-    compressed = out.state.compressed[0].view()
+    compressed = out.state.layers[0]["compressed"].view()
     for b, begin in ((0, 0), (1, 11)):
         firsts = compressed.position[b][compressed.position[b] >= 0].tolist()
         # the groups in [t - L - c*kept, t - L) for the next query t = 31, aligned to begin
@@ -418,7 +417,8 @@ def test_compressed_memories_are_means_of_evicted_groups():
                 assert torch.allclose(compressed.hidden[b, slot], mean, atol=1e-6)
                 keys, _ = core.layers[0].attention.key_value(mean[None, None])
                 assert torch.allclose(compressed.keys[b, :, :, slot], keys[0, :, :, 0], atol=1e-5)
-    assert max(len(out.state.layers[0].view().position[b]) for b in range(2)) <= L  # the FIFO
+    recent = out.state.layers[0]["recent"].view()
+    assert max(len(recent.position[b]) for b in range(2)) <= L  # the FIFO
 
 
 def test_compressive_memory_size_is_fifo_plus_compressed():

@@ -434,8 +434,8 @@ def memory_spans(model, ids, num_layers):
         for start in range(0, len(ids), model.cfg.block_len):
             _, out = model(tokens[:, start : start + model.cfg.block_len], state)
             state = out.state
-            for layer, store in enumerate(state.layers):
-                slots = store.view()
+            for layer, memory in enumerate(state.layers):
+                slots = memory["recent"].view()
                 for position, span in zip(
                     slots.position[0].tolist(), slots.span[0].tolist(), strict=True
                 ):

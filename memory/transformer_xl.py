@@ -7,8 +7,11 @@ from torch import Tensor
 from memory.kind import MemoryKind
 
 
-class FixedSpan(MemoryKind):
-    """Every query sees the last L hidden states of its episode; older ones are deleted."""
+class TransformerXL(MemoryKind):
+    """A fixed span: every query sees the last L hidden states of its episode; older ones
+    are deleted."""
+
+    name = "transformer_xl"
 
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
         if offsets is None:
