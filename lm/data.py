@@ -352,8 +352,8 @@ def cached_task(
 def _save_npz_atomically(path: Path, **arrays: np.ndarray) -> None:
     """Write to a temporary file beside `path`, then rename: readers never see half a file.
 
-    (Not training.files.atomic_open: importing `training` loads torch and wandb, and the data
-    side needs NumPy only.)
+    (Not training.files.atomic_open: importing `training` loads torch, and the data side
+    needs NumPy only.)
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

@@ -97,17 +97,16 @@ def test_ppo_loss_equals_actor_critic_loss_at_ratio_one():
 
 
 def test_advantages_are_normalised_over_the_whole_unroll():
-    """One mean and scale for the unroll, not one per environment or minibatch."""
-    advantages = torch.tensor([[0.0, 0.0, 0.0, 4.0], [1.0, 1.0, 1.0, 1.0]])
+    """One mean and scale for the unroll, not one per environment or minibatch: the second
+    environment's advantages, constant but above the unroll's mean, stay positive."""
+    advantages = torch.tensor([[0.0, 0.0, 0.0, 4.0], [2.0, 2.0, 2.0, 2.0]])
     returns = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
-    flat = advantages.flatten()
-    expected = (advantages - flat.mean()) / flat.std()
-    torch.testing.assert_close(normalised(advantages, returns), expected)
+    centred = torch.tensor([[-1.5, -1.5, -1.5, 2.5], [0.5, 0.5, 0.5, 0.5]])  # mean 1.5
+    torch.testing.assert_close(normalised(advantages, returns, "none"), centred)
+    std = 2**0.5  # of the unroll's advantages: sqrt((3 * 1.5^2 + 2.5^2 + 4 * 0.5^2) / 7)
+    torch.testing.assert_close(normalised(advantages, returns, "std"), centred / std)
     rms = 0.5**0.5  # of the returns: half ones, half zeros
-    torch.testing.assert_close(
-        normalised(advantages, returns, "returns"), (advantages - flat.mean()) / rms
-    )
-    torch.testing.assert_close(normalised(advantages, returns, "none"), advantages - flat.mean())
+    torch.testing.assert_close(normalised(advantages, returns, "returns"), centred / rms)
 
 
 def test_solved_task_noise_is_not_blown_up_by_the_returns_scale():

@@ -404,4 +404,10 @@ def test_hydra_config_files_hold_the_corridor_values(kind):
 
 
 def test_compress_rate_only_constrains_the_compressive_memory():
-    assert MemoryConfig(kind="transformer_xl", max_span=2).max_span == 2
+    """compress_rate = 4 > max_span = 2: no group could ever leave the compressive FIFO."""
+    with pytest.raises(ValueError, match="compress_rate"):
+        MemoryConfig(kind="compressive", max_span=2, compress_rate=4)
+    core = make_core("transformer_xl", max_span=2, compress_rate=4)
+    with torch.no_grad():
+        out = core(torch.randn(1, 6, 16), core.initial_state(1))
+    assert out.memory_size == (0 + 1 + 2 + 2 + 2 + 2) / 6

@@ -7,7 +7,7 @@ A loop uses them in this order:
     def main(cfg):
         cfg, checkpoint = resumed_run(cfg)  # checkpoint None unless resume=true; then cfg is
                                             # the saved run's but for RESUMABLE fields
-        validate(cfg)                     # check_choice / check_positive / thread_count / ...
+        check_config(cfg)                 # the trainer's: check_choice / check_positive / ...
         with ExitStack() as resources:    # closes what is opened on every way out
             dist = setup_distributed(cfg.device)
             resources.callback(cleanup_distributed)
@@ -72,7 +72,6 @@ from training.run_dir import (
     CONFIG_FILE,
     command_line_overrides,
     get_run_dir,
-    load_run_config,
     save_resolved_config,
 )
 from training.seeding import rank_seed, restore_rng_state, rng_state, seed_everything
@@ -105,7 +104,6 @@ __all__ = [
     "gather_parameter_digests",
     "get_run_dir",
     "load_checkpoint",
-    "load_run_config",
     "progress_bar",
     "rank_seed",
     "read_metrics",

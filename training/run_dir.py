@@ -45,11 +45,3 @@ def save_resolved_config(run_dir: str | os.PathLike, cfg: Any) -> Path:
     with atomic_open(path, "w") as file:
         file.write(OmegaConf.to_yaml(cfg, resolve=True))
     return path
-
-
-def load_run_config(run_dir: str | os.PathLike) -> DictConfig:
-    """Read RUN_DIR/config.yaml back."""
-    path = Path(run_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist; is {run_dir} a run directory?")
-    return OmegaConf.load(path)
