@@ -306,7 +306,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         if checkpoint is None and cfg.get("init_from") is not None:
             transfer_weights(model, cfg.init_from, data.vocab)
         model = model.to(dist.device)
-        learner = (
+        ddp_model = (  # (the model itself in a single process)
             DistributedDataParallel(model, broadcast_buffers=False)
             if dist.is_distributed
             else model
@@ -343,7 +343,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             # The loss is the mean over every rank's scored targets, as in one process: DDP
             # averages the ranks' gradients, so each rank scales its sum by world_size / total.
             total_scored = all_reduce_mean({"scored": scored}, dist)["scored"] * dist.world_size
-            logits, out = learner(x, state)
+            logits, out = ddp_model(x, state)
             state = out.state
             loss_sum = F.cross_entropy(
                 logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"

@@ -338,9 +338,9 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         # Exploring spans (memory.span_noise): acting draws spans with noise, and the learner
         # credits each memory with the return after it. The state draws its noise streams
         # here, before a resumed run restores the RNG state it saved.
-        explore_spans = cfg.memory.kind == "expire_span" and cfg.memory.get("span_noise", 0) > 0
+        explore_spans = cfg.memory.get("span_noise", 0) > 0  # (kinds without it ignore both)
         state = agent.initial_state(B, dist.device, explore=explore_spans)
-        learner = (
+        ddp_agent = (  # (the agent itself in a single process)
             DistributedDataParallel(agent, broadcast_buffers=False)
             if dist.world_size > 1
             else agent
@@ -474,7 +474,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                     # The spans' policy gradient is taken once per sample: it has no ratio
                     # or clip, as PPO's, to correct for a policy that has moved since acting.
                     credit = None if credits is None or epoch > 0 else credits[index]
-                    logits, new_values, out = learner(
+                    logits, new_values, out = ddp_agent(
                         select_envs(obs_buf, index),
                         start,
                         starts[index],

@@ -112,7 +112,7 @@ class SpanProbe:
                 self.marked[layer_index].extend(new[chosen].tolist())
                 self.unmarked[layer_index] += (float(new[~chosen].sum()), int((~chosen).sum()))
             slots = state.layers[layer_index]["recent"].view()
-            seen = layer.memory.alive(slots, query_time, state.episode_begin)
+            seen = layer.kind.alive(slots, query_time, state.episode_begin)
             age = query_time - slots.position
             seen &= age > 0  # the query itself is no memory
             bins = (age[seen] // self.age_bin).clamp_max(self.alive.shape[1] - 1).cpu().numpy()

@@ -88,7 +88,7 @@ def main() -> None:
         groups.setdefault(observation.numpy().tobytes(), []).append(i)
     memories = [first_memories(agent, firsts.float()) for agent in agents]
     for layer in range(len(agents[0].core.layers)):
-        predictors = [agent.core.layers[layer].memory.predictor for agent in agents]
+        predictors = [agent.core.layers[layer].kind.predictor for agent in agents]
         for group, members in enumerate(groups.values()):
             index = torch.tensor(members)
             rows = drift_split(predictors, [m[layer][index] for m in memories])

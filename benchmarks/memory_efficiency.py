@@ -118,7 +118,7 @@ def build(kind: str, max_span: int) -> tuple[nn.Module, MemoryTransformer]:
     if kind == "expire_span":  # spans as after training: short on average, all different
         with torch.no_grad():
             for layer in core.layers:
-                layer.memory.predictor.linear.weight.normal_(0, 0.5 / math.sqrt(DIM))
+                layer.kind.predictor.linear.weight.normal_(0, 0.5 / math.sqrt(DIM))
     model = nn.ModuleDict(
         dict(embed=nn.Embedding(VOCAB, DIM), core=core, head=nn.Linear(DIM, VOCAB))
     )

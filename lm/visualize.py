@@ -77,7 +77,7 @@ def predicted_spans(model: LanguageModel, ids: np.ndarray) -> np.ndarray:
     (with gradients off no stored memory is re-scored); a forward hook records its output.
     """
     model.eval()
-    predictors = [layer.memory.predictor for layer in model.core.layers]
+    predictors = [layer.kind.predictor for layer in model.core.layers]
     blocks: list[list[torch.Tensor]] = [[] for _ in predictors]
     hooks = [
         predictor.register_forward_hook(

@@ -20,7 +20,10 @@ class MemoryConfig:
     num_heads: int = 4
     ffn_dim: int = 256
     max_span: int = 200  # L: the longest distance a memory can be attended from
-    block_len: int = 100  # K: distances 0..K-1 get relative position embeddings (A.1)
+    # Distances 0..block_len-1 get relative position embeddings (A.1), so a block of this
+    # many steps sees all of itself with positions. train_lm.py reads blocks of block_len
+    # tokens; the RL learner's blocks are its unrolls (unroll_len), independent of it.
+    block_len: int = 100
     dropout: float = 0.0  # on attention weights and on both residual branches
     ramp: float = 16.0  # R: length of the soft mask's ramp (expire_span, adaptive_span)
     aux_loss_coef: float = 5e-6  # alpha: weight of the span penalty (expire_span, adaptive_span)

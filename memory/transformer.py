@@ -39,7 +39,7 @@ class MemoryLayer(nn.Module):
         super().__init__()
         self.attention_norm = nn.LayerNorm(cfg.dim)
         self.attention = MemoryAttention(cfg)
-        self.memory = kind_classes()[cfg.kind](cfg)
+        self.kind = kind_classes()[cfg.kind](cfg)
         self.ffn_norm = nn.LayerNorm(cfg.dim)
         self.ffn = nn.Sequential(
             nn.Linear(cfg.dim, cfg.ffn_dim), nn.ReLU(), nn.Linear(cfg.ffn_dim, cfg.dim)
@@ -53,16 +53,22 @@ class MemoryLayer(nn.Module):
         memories (None for kinds without a span per memory)."""
         x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
         q, k, v = self.attention.project(x)
-        new = Slots(x, k, v, call.positions, self.memory.span(x, call.positions, memory))
-        read = self.memory.read(self.attention, memory, new, call)
-        keep = self.memory.learns_from_attention and torch.is_grad_enabled()
+        new = Slots(x, k, v, call.positions, self.kind.span(x, call.positions, memory))
+        read = self.kind.read(self.attention, memory, new, call)
+        keep = self.kind.learns_from_attention and torch.is_grad_enabled()
         attended, weights = self.attention(q, read.segments, read.width, read.window, keep)
         if weights is not None:
-            usage = self.memory.attention_loss(weights, read.slots, call)
+            usage = self.kind.attention_loss(weights, read.slots, call)
             read = read._replace(aux_loss=read.aux_loss + usage)
         h = h + self.residual(attended)
         h = h + self.residual(self.ffn(self.ffn_norm(h)))
         return h, read, new.span
+
+    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
+        earlier = prefix + "memory."  # the kind's parameters, as earlier checkpoints name them
+        for key in [key for key in state_dict if key.startswith(earlier)]:
+            state_dict[prefix + "kind." + key[len(earlier) :]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def residual(self, branch: Tensor) -> Tensor:
         if self.dropout == 0:
@@ -103,7 +109,7 @@ class MemoryTransformer(nn.Module):
             time=0,
             episode_begin=torch.zeros(batch_size, dtype=torch.long, device=device),
             layers=tuple(
-                layer.memory.initial_memory(batch_size, device, dtype, explore)
+                layer.kind.initial_memory(batch_size, device, dtype, explore)
                 for layer in self.layers
             ),
         )

@@ -380,7 +380,7 @@ def test_kept_memories_outlive_their_span_and_only_those():
             state = core.step(torch.randn(2, 16), state).state
     for layer, memory in zip(core.layers, state.layers, strict=True):
         slots = memory["recent"].view()
-        seen = layer.memory.alive(slots, state.time, state.episode_begin) & (slots.position == 0)
+        seen = layer.kind.alive(slots, state.time, state.episode_begin) & (slots.position == 0)
         assert seen.any(1).tolist() == [True, False]
 
 
@@ -431,17 +431,17 @@ def test_module_swap_groups_cover_the_agent_and_swap_only_their_own_parameters()
     assert groups == [
         "encoder",
         "core.layers.0.attention",
-        "core.layers.0.memory",
+        "core.layers.0.kind",
         "core.layers.0.ffn",
         "core.layers.1.attention",
-        "core.layers.1.memory",
+        "core.layers.1.kind",
         "core.layers.1.ffn",
         "core.final_norm",
         "policy",
         "value",
     ]
     assert module_group("core.layers.1.attention_norm.bias") == "core.layers.1.attention"
-    assert module_group("core.layers.0.memory.predictor.linear.weight") == "core.layers.0.memory"
+    assert module_group("core.layers.0.kind.predictor.linear.weight") == "core.layers.0.kind"
     moved = {name: 0 for name in before}
     for group in groups:
         mixed = swapped(before, after, group)

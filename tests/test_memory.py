@@ -45,9 +45,9 @@ def make_core(kind: str, **overrides) -> MemoryTransformer:
     with torch.no_grad():
         for layer in core.layers:
             if kind == "expire_span":  # a different span for every memory, not only the initial one
-                layer.memory.predictor.linear.weight.normal_(0, 1.5)
+                layer.kind.predictor.linear.weight.normal_(0, 1.5)
             if kind == "adaptive_span":  # a different span for every head
-                layer.memory.span_fraction.copy_(torch.linspace(0.15, 0.6, fields["num_heads"]))
+                layer.kind.span_fraction.copy_(torch.linspace(0.15, 0.6, fields["num_heads"]))
     return core
 
 
@@ -236,6 +236,19 @@ def test_a_state_saved_in_the_earlier_layout_loads_as_the_same_memory(kind, over
     assert torch.equal(found, expected)
 
 
+def test_parameters_saved_under_the_earlier_module_name_load():
+    """Checkpoints from before a layer's memory kind was ``kind`` name it ``memory``."""
+    core, other = make_core("expire_span"), make_core("expire_span")
+    with torch.no_grad():
+        core.layers[1].kind.predictor.linear.weight.normal_()
+    earlier = {key.replace(".kind.", ".memory."): value for key, value in core.state_dict().items()}
+    assert "layers.1.memory.predictor.linear.weight" in earlier
+    other.load_state_dict(earlier)
+    assert torch.equal(
+        other.layers[1].kind.predictor.linear.weight, core.layers[1].kind.predictor.linear.weight
+    )
+
+
 def test_a_kind_is_found_by_its_name_and_keeps_a_state_of_its_own(monkeypatch):
     """What docs/memory-kinds.md promises: a MemoryKind subclass with a ``name`` is a kind
     (a module of this package is imported by the registry; here the class is defined in
@@ -317,7 +330,7 @@ def test_stored_memory_follows_the_spans_not_the_maximum_span():
     fields = dict(max_span=200, ramp=16, block_len=20, init_span_fraction=0.0125)  # e_i = 2.5
     expire = make_core("expire_span", **fields)
     for layer in expire.layers:
-        torch.nn.init.zeros_(layer.memory.predictor.linear.weight)
+        torch.nn.init.zeros_(layer.kind.predictor.linear.weight)
     fixed = make_core("transformer_xl", **fields)
     with torch.no_grad():
         expire_state, fixed_state = expire.initial_state(2), fixed.initial_state(2)

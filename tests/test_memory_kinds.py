@@ -110,7 +110,7 @@ def span_gradient(core, blocks: list[torch.Tensor]) -> torch.Tensor:
         for x in blocks[:-1]:
             state = core(x, state).state
     core(blocks[-1], state).hidden.square().sum().backward()
-    predictors = [p for layer in core.layers for p in layer.memory.predictor.parameters()]
+    predictors = [p for layer in core.layers for p in layer.kind.predictor.parameters()]
     return torch.cat(
         [torch.zeros(p.numel()) if p.grad is None else p.grad.flatten() for p in predictors]
     )
@@ -257,9 +257,9 @@ def test_deleting_expired_memories_changes_no_output():
     keeper = small_core("expire_span", max_span=24, ramp=4)
     with torch.no_grad():
         for a, b in zip(core.layers, keeper.layers, strict=True):
-            a.memory.predictor.linear.weight.normal_(0, 2.0)  # spans from ~0 to ~L
+            a.kind.predictor.linear.weight.normal_(0, 2.0)  # spans from ~0 to ~L
             b.load_state_dict(a.state_dict())
-            b.memory.alive = lambda slots, time, begin: slots.position >= 0  # never delete
+            b.kind.alive = lambda slots, time, begin: slots.position >= 0  # never delete
     x = torch.randn(3, 60, 16)
     starts = torch.rand(3, 60, generator=torch.Generator().manual_seed(2)) < 0.05
     with torch.no_grad():
@@ -328,7 +328,7 @@ def train_recall_span(span_noise: float, updates: int = 120, distance: int = 20)
     )  # fmt: skip
     torch.manual_seed(0)
     core = MemoryTransformer(cfg)
-    predictor = core.layers[0].memory.predictor
+    predictor = core.layers[0].kind.predictor
     optimizer = torch.optim.Adam(predictor.parameters(), lr=0.03)
     cue = torch.randn(16)
     history = []
@@ -368,11 +368,11 @@ def test_exploring_spans_keep_the_memory_the_return_needs_while_the_penalty_acts
 
 def test_adaptive_mask_and_loss_follow_the_definition():
     core = small_core("adaptive_span", max_span=12, ramp=3, aux_loss_coef=0.01)
-    memory = core.layers[0].memory
+    adaptive = core.layers[0].kind
     with torch.no_grad():
-        memory.span_fraction.copy_(torch.tensor([0.25, 0.5]))  # z = 3, 6
+        adaptive.span_fraction.copy_(torch.tensor([0.25, 0.5]))  # z = 3, 6
     relative = -torch.arange(11.0)[None]  # distances 0..10
-    mask = memory.mask(relative, None, None)[0, :, 0]
+    mask = adaptive.mask(relative, None, None)[0, :, 0]
     for head, z in enumerate((3.0, 6.0)):
         expected = [min(1.0, max(0.0, 1 + (z - d) / 3)) for d in range(11)]
         assert mask[head].tolist() == pytest.approx(expected)
@@ -385,10 +385,10 @@ def test_adaptive_spans_stay_in_range_and_trim_the_memory():
     core = small_core("adaptive_span", max_span=12, ramp=3)
     with torch.no_grad():
         for layer in core.layers:
-            layer.memory.span_fraction.copy_(torch.tensor([-0.5, 0.25]))  # after a bad update
+            layer.kind.span_fraction.copy_(torch.tensor([-0.5, 0.25]))  # after a bad update
     core.train()
     _, out = run(core, torch.randn(1, 30, 16))
-    assert core.layers[0].memory.span_fraction.tolist() == [0.0, 0.25]  # projected to [0, 1]
+    assert core.layers[0].kind.span_fraction.tolist() == [0.0, 0.25]  # projected to [0, 1]
     # the longest head span is z = 3: a memory lives while t - i < z + R = 6
     assert out.state.stored_lengths() == [5, 5]
 

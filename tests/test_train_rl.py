@@ -429,7 +429,7 @@ def test_module_swap_evaluates_every_mix_on_the_same_episodes(kept_run):
         "before+after[encoder]",
         "after+before[encoder]",
     ]
-    assert len(names) == 2 + 2 * 10 and "after+before[core.layers.1.memory]" in names
+    assert len(names) == 2 + 2 * 10 and "after+before[core.layers.1.kind]" in names
     assert all(0 <= row["success"] <= 1 and row["episodes"] >= 12 for row in rows)
     same = swap("checkpoint_80.pt", "checkpoint_80.pt")
     outcomes = {json.dumps({k: v for k, v in row.items() if k != "agent"}) for row in same}
