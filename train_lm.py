@@ -59,21 +59,18 @@ from training import (
     check_run_dir_argument,
     check_wandb_config,
     checkpoint_file,
-    cleanup_distributed,
     exit_on_config_error,
-    gather_parameter_digests,
-    get_run_dir,
+    gather_rank_states,
     load_checkpoint,
     progress_bar,
     rank_seed,
     restore_rng_state,
     resumed_run,
-    rng_state,
     save_checkpoint,
     seed_everything,
     set_metrics,
-    setup_distributed,
     start_logging,
+    start_run,
     thread_count,
     use_host,
 )
@@ -277,17 +274,9 @@ def check_divisible(name: str, value: int, dist: DistInfo) -> None:
 def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
     with ExitStack() as resources:  # closed on every way out, exceptions included
-        dist = setup_distributed(cfg.device)
-        resources.callback(cleanup_distributed)
+        dist, run_dir = start_run(resources, cfg, checkpoint)
         check_divisible("batch_size", cfg.batch_size, dist)
         check_divisible("eval_batch_size", cfg.eval_batch_size, dist)
-        use_host(cfg.torch_threads)
-        run_dir = get_run_dir(dist)
-        if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
-            raise ConfigError(
-                f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} process(es); "
-                f"resume it with the same number, not {dist.world_size}"
-            )
         resolve_task_paths(cfg.task)
         data = load_data(cfg.task, dist)
         K = cfg.memory.block_len
@@ -399,22 +388,18 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 shown = ("train_loss", task_metric, "memory_size")
                 set_metrics(progress, {k: record[k] for k in shown if k in record})
             if done % cfg.checkpoint_interval == 0 or last:
-                # Every rank takes part: its RNG state, memory and interval sums are gathered.
-                rng_states = all_gather_object(rng_state(), dist)
-                memory_states = all_gather_object(state.state_dict(), dist)
-                intervals = all_gather_object(dict(interval), dist)
-                digests = gather_parameter_digests(model, dist)
+                # Every rank takes part: its memory and interval sums are gathered.
+                gathered = gather_rank_states(
+                    dist, model, memory_state=state.state_dict(), interval=dict(interval)
+                )
                 if dist.is_main:
                     save_checkpoint(
                         run_dir,
                         {
+                            **gathered,
                             "model": model.state_dict(),
                             "optimizer": optimizer.state_dict(),
                             "step": done,
-                            "rng": rng_states,
-                            "memory_state": memory_states,
-                            "interval": intervals,
-                            "parameter_digests": digests,
                             "vocab": list(data.vocab),
                             "config": OmegaConf.to_container(cfg, resolve=True),
                         },

@@ -32,7 +32,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 import envs
 from agents import RECURRENT_KINDS, ActorCritic, RecurrentCore, map_observation
-from agents.curves import plot_curves, run_label
 from agents.learners import (
     ADVANTAGE_SCALES,
     ALL,
@@ -49,7 +48,8 @@ from agents.learners import (
     ppo_loss,
     span_credit,
 )
-from agents.probes import (
+from analysis.curves import plot_curves, run_label
+from analysis.probes import (
     GYM_PATH,
     SpanProbe,
     keep_new_memories,
@@ -63,7 +63,6 @@ from training import (
     METRICS_FILE,
     ConfigError,
     SpanStats,
-    all_gather_object,
     all_reduce_mean,
     atomic_open,
     check_checkpoint_kind,
@@ -73,22 +72,19 @@ from training import (
     check_run_dir_argument,
     check_wandb_config,
     check_whole,
-    cleanup_distributed,
     exit_on_config_error,
-    gather_parameter_digests,
-    get_run_dir,
+    gather_rank_states,
     load_checkpoint,
     progress_bar,
     rank_seed,
     read_metrics,
     restore_rng_state,
     resumed_run,
-    rng_state,
     save_checkpoint,
     seed_everything,
     set_metrics,
-    setup_distributed,
     start_logging,
+    start_run,
     thread_count,
     use_host,
 )
@@ -316,16 +312,8 @@ class EpisodeStats:
 def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
     with ExitStack() as resources:  # closed on every way out, exceptions included
-        dist = setup_distributed(cfg.device)
-        resources.callback(cleanup_distributed)
-        use_host(cfg.torch_threads)
+        dist, run_dir = start_run(resources, cfg, checkpoint)
         seed_everything(rank_seed(cfg.seed, dist.rank))
-        run_dir = get_run_dir(dist)
-        if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
-            raise ConfigError(
-                f"the checkpoint in {run_dir} was written by {len(checkpoint['rng'])} processes; "
-                f"resume it with as many (torchrun --nproc_per_node={len(checkpoint['rng'])})"
-            )
         B, T = cfg.num_envs, cfg.unroll_len
         steps_per_update = B * T * dist.world_size
         num_updates = math.ceil(cfg.total_steps / steps_per_update)
@@ -553,9 +541,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 interval = dict.fromkeys(interval, 0.0)
                 interval_start, updates_in_interval = time.perf_counter(), 0
             if (update + 1) % cfg.checkpoint_interval == 0 or update + 1 == num_updates:
-                # Every rank takes part: RNG states, what each rank's acting carries over and
-                # parameter digests are gathered.
-                rng_states = all_gather_object(rng_state(), dist)
+                # Every rank takes part: what each rank's acting carries over is gathered.
                 exact_envs = hasattr(vec_env, "state_dict")  # a user's env may have none
                 carried = {
                     "envs": as_tensors(vec_env.state_dict()) if exact_envs else None,
@@ -569,21 +555,18 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                     "interval": dict(interval),
                     "updates_in_interval": updates_in_interval,
                 }
-                carried_states = all_gather_object(carried, dist)
+                gathered = gather_rank_states(dist, agent, acting=carried)
                 anchored = anchor is not None and anchor.active
-                digests = gather_parameter_digests(agent, dist)
                 if dist.is_main:
                     save_checkpoint(
                         run_dir,
                         keep_last=cfg.checkpoint_keep,
                         state={
+                            **gathered,
                             "agent": agent.state_dict(),
                             "optimizer": optimizer.state_dict(),
                             "update": update + 1,
                             "step": step,
-                            "rng": rng_states,
-                            "acting": carried_states,
-                            "parameter_digests": digests,
                             "best": best,
                             "config": OmegaConf.to_container(cfg, resolve=True),
                             **({"anchor": anchor.model.state_dict()} if anchored else {}),
@@ -597,7 +580,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
 def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> None:
     """What a finished run leaves besides its checkpoints: RUN_DIR/eval.json, the trained
     agent's evaluation (`evaluate_agent`, with the eval settings), and RUN_DIR/curves.png, its
-    learning curves (`python -m agents.curves`)."""
+    learning curves (`python -m analysis.curves`)."""
     result = evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
     with atomic_open(run_dir / EVAL_FILE, "w") as file:
         json.dump(result, file)

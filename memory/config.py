@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -48,14 +49,17 @@ class MemoryConfig:
     attended_margin: float = 0.0
     compress_rate: int = 4  # c: compressive memories pool groups of c evicted memories
     compressed_span: int | None = None  # compressive: compressed memories kept (None: max_span)
+    # The hyper-parameters of a kind added in a module of its own, by name (the kind checks
+    # them: MemoryKind.check_options); memory.options.NAME=VALUE on the command line.
+    options: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from memory.kind import kind_names  # (the kinds import this module)
+        from memory.kind import kind_classes  # (the kinds import this module)
 
-        if self.kind not in kind_names():
-            raise ValueError(
-                f"memory kind {self.kind!r} is unknown; choose one of {list(kind_names())}"
-            )
+        kinds = kind_classes()
+        if self.kind not in kinds:
+            raise ValueError(f"memory kind {self.kind!r} is unknown; choose one of {list(kinds)}")
+        kinds[self.kind].check_options(self.options)
         for name in ("num_layers", "dim", "num_heads", "ffn_dim", "max_span", "block_len"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

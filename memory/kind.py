@@ -15,7 +15,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -127,6 +127,15 @@ class MemoryKind(nn.Module):
         self.renormalise = cfg.renormalise
 
     # --- what subclasses define ------------------------------------------------------
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> None:
+        """Raises ValueError, saying what is wrong and how to fix it, unless ``options``
+        (``MemoryConfig.options``) are this kind's; a kind without options takes none."""
+        if options:
+            raise ValueError(
+                f"memory kind {cls.name!r} takes no memory.options; got {sorted(options)}"
+            )
+
     def initial_memory(
         self, batch: int, device: torch.device | str, dtype: torch.dtype, explore: bool
     ) -> LayerMemory:

@@ -3,6 +3,7 @@
 import importlib.util
 from pathlib import Path
 
+import training.run
 from training import MetricsLogger
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -16,11 +17,11 @@ def load_script(name: str):
     return module
 
 
-def record_closing(monkeypatch, script) -> list[str]:
-    """Makes the metrics logger and `script`'s process group note when they are closed (in the
-    list returned); the logger notes its W&B exit code."""
+def record_closing(monkeypatch) -> list[str]:
+    """Makes the metrics logger and a training run's process group (`training.start_run`)
+    note when they are closed (in the list returned); the logger notes its W&B exit code."""
     closed = []
-    monkeypatch.setattr(script, "cleanup_distributed", lambda: closed.append("process group"))
+    monkeypatch.setattr(training.run, "cleanup_distributed", lambda: closed.append("process group"))
     monkeypatch.setattr(
         MetricsLogger, "close", lambda self, exit_code=0: closed.append(f"logger {exit_code}")
     )

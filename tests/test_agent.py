@@ -21,8 +21,8 @@ from agents.learners import (
     ppo_loss,
 )
 from agents.module_swap import module_group, module_groups, swapped
-from agents.probes import keep_new_memories, success_by_case
-from agents.span_drift import drift_split
+from analysis.probes import keep_new_memories, success_by_case
+from analysis.span_drift import drift_split
 from memory import MemoryConfig, MemoryTransformer, kind_names, span_parameters
 from memory.expire_span import SpanPredictor
 

@@ -7,6 +7,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 
+from analysis import collision_probe as probe
 from lm import (
     IGNORE,
     DataNotFoundError,
@@ -18,7 +19,6 @@ from lm import (
     source_rows,
 )
 from lm import collision as col
-from lm import collision_probe as probe
 from lm.data import _load_enwik8, load_enwik8
 from lm.instruction import NEWLINE, UNK, Story, encode_story, load_instruction
 

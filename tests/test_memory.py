@@ -249,35 +249,46 @@ def test_parameters_saved_under_the_earlier_module_name_load():
     )
 
 
-def test_a_kind_is_found_by_its_name_and_keeps_a_state_of_its_own(monkeypatch):
+def test_a_kind_is_found_by_its_name_and_keeps_options_and_a_state_of_its_own(monkeypatch):
     """What docs/memory-kinds.md promises: a MemoryKind subclass with a ``name`` is a kind
     (a module of this package is imported by the registry; here the class is defined in
-    place), its memory may hold parts of its own, and step mode equals block mode for it."""
+    place), it checks and reads options of its own, its memory may hold parts of its own,
+    and step mode equals block mode for it."""
     import memory.kind
     from memory import LayerMemory, MemoryKind, kind_classes
 
     monkeypatch.setattr(memory.kind, "KIND_CLASSES", dict(memory.kind.KIND_CLASSES))
 
-    class LastTwo(MemoryKind):
-        name = "last_two"
+    class LastFew(MemoryKind):
+        name = "last_few"
+
+        @classmethod
+        def check_options(cls, options) -> None:
+            if set(options) != {"reach"} or options["reach"] < 1:
+                raise ValueError(f"last_few needs memory.options.reach >= 1, got {options}")
 
         def initial_memory(self, batch, device, dtype, explore) -> LayerMemory:
             calls = torch.zeros(batch, dtype=torch.long, device=device)
             return super().initial_memory(batch, device, dtype, explore).replace(calls=calls)
 
         def mask(self, relative, span, offsets):
+            reach = self.cfg.options["reach"]
             if offsets is None:
-                return (relative >= -2)[:, None, :]
-            return relative[:, None, :] >= (offsets - 2)[:, None]
+                return (relative >= -reach)[:, None, :]
+            return relative[:, None, :] >= (offsets - reach)[:, None]
 
         def read(self, attention, memory, new, call):
             read = super().read(attention, memory, new, call)
             return read._replace(memory=read.memory.replace(calls=memory["calls"] + 1))
 
-    assert kind_classes()["last_two"] is LastTwo
-    with pytest.raises(ValueError, match="last_two"):
+    assert kind_classes()["last_few"] is LastFew
+    with pytest.raises(ValueError, match="last_few"):
         MemoryConfig(kind="last_three")
-    core = make_core("last_two")
+    with pytest.raises(ValueError, match="reach >= 1"):
+        MemoryConfig(kind="last_few", options={"reach": 0})
+    with pytest.raises(ValueError, match="takes no memory.options"):
+        MemoryConfig(kind="transformer_xl", options={"reach": 2})
+    core = make_core("last_few", options={"reach": 2})
     x, starts = torch.randn(3, 20, 16), torch.zeros(3, 20, dtype=torch.bool)
     with torch.no_grad():
         stepped, state = run_steps(core, x, starts)

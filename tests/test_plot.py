@@ -1,4 +1,4 @@
-"""Tests for agents.plot: on run directories written with training's own config and metrics
+"""Tests for analysis.plot: on run directories written with training's own config and metrics
 writers, and on a real multirun sweep of train_rl.py."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from matplotlib.image import imread
 from omegaconf import OmegaConf
 from tiny_rl import TINY_RL
 
-from agents.plot import (
+from analysis.plot import (
     FINAL_POINTS,
     label_settings,
     main,
@@ -347,13 +347,13 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
 
 def test_command_line_error_has_no_traceback(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "agents.plot", str(tmp_path / "nope"), "--out", str(tmp_path)],
+        [sys.executable, "-m", "analysis.plot", str(tmp_path / "nope"), "--out", str(tmp_path)],
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 2
-    assert result.stderr == f"python -m agents.plot: error: {tmp_path / 'nope'} does not exist\n"
+    assert result.stderr == f"python -m analysis.plot: error: {tmp_path / 'nope'} does not exist\n"
 
 
 # A real sweep: train_rl.py -m with two memory kinds, tiny enough to take seconds.
@@ -446,7 +446,7 @@ def test_real_sweep_with_runs_not_done_yet(real_sweep, tmp_path, capsys):
 
 
 def test_holding_judges_the_run_after_it_first_reaches_the_target():
-    from agents.curves import holding
+    from analysis.curves import holding
 
     def records(values):
         return [
@@ -472,7 +472,7 @@ def test_holding_judges_the_run_after_it_first_reaches_the_target():
 
 
 def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
-    from agents import curves
+    from analysis import curves
 
     held = rl_records([0.5, 0.96, 0.97, 0.99], [30.0, 20.0, 18.0, 16.0])
     lost = rl_records([0.6, 0.97, 0.55, 0.6], [40.0, 25.0, 16.0, 16.0])

@@ -1,4 +1,4 @@
-"""train_lm.py and lm.visualize: config errors, learning, memory beyond a fixed span, exact
+"""train_lm.py and analysis.visualize: config errors, learning, memory beyond a fixed span, exact
 resume after a kill, torchrun with two processes, the span visualisation."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from lm import collision_probe, visualize
+from analysis import collision_probe, visualize
 from lm.collision import CollisionRules, baseline_errors, simulate
 from scripts import load_script, record_closing
 from training import ConfigError, DistInfo
@@ -326,7 +326,7 @@ def comparable(records):
 def test_a_failing_run_closes_its_logger_and_process_group(tmp_path, cache_dir, monkeypatch):
     """Whatever ends the training loop, W&B, the metrics file and the process group are
     closed (here: an exception in the first update's learning-rate schedule)."""
-    closed = record_closing(monkeypatch, train_lm)
+    closed = record_closing(monkeypatch)
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
 
     def fail(*args):

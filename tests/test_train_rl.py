@@ -225,7 +225,7 @@ def test_a_failing_run_closes_its_logger_envs_and_process_group(tmp_path, monkey
     """Whatever ends the training loop, W&B and the metrics file, the environments and the
     process group are closed (here: an exception in the learner's first update)."""
     train_rl = load_script("train_rl")
-    closed = record_closing(monkeypatch, train_rl)
+    closed = record_closing(monkeypatch)
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
     make_envs = train_rl.make_envs
 
@@ -390,11 +390,11 @@ def kept_run(tmp_path_factory):
 
 
 def test_span_drift_splits_each_change_into_input_and_predictor(kept_run):
-    """agents.span_drift on a tiny run's kept checkpoints: one line per layer, first
+    """analysis.span_drift on a tiny run's kept checkpoints: one line per layer, first
     observation and checkpoint pair, whose parts follow their definitions."""
     run_dir = kept_run
     result = subprocess.run(
-        [sys.executable, "-m", "agents.span_drift", str(run_dir), "--episodes", "8"],
+        [sys.executable, "-m", "analysis.span_drift", str(run_dir), "--episodes", "8"],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr

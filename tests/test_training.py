@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
@@ -54,6 +55,7 @@ from training import (
     seed_everything,
     set_metrics,
     setup_distributed,
+    start_run,
     thread_count,
 )
 
@@ -605,6 +607,16 @@ def test_use_host_sets_threads_from_torchrun_local_processes(monkeypatch):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_run_resumes_only_with_as_many_processes_as_wrote_its_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    cfg = OmegaConf.create({"device": "cpu", "torch_threads": torch.get_num_threads()})
+    with ExitStack() as resources:
+        dist, run_dir = start_run(resources, cfg, {"rng": [{}]})
+        assert (dist.world_size, run_dir) == (1, tmp_path)
+    with ExitStack() as resources, pytest.raises(ConfigError, match="nproc_per_node=2"):
+        start_run(resources, cfg, {"rng": [{}, {}]})
 
 
 def test_freed_memory_settings_apply_on_glibc_only():

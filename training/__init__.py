@@ -9,10 +9,8 @@ A loop uses them in this order:
                                             # the saved run's but for RESUMABLE fields
         check_config(cfg)                 # the trainer's: check_choice / check_positive / ...
         with ExitStack() as resources:    # closes what is opened on every way out
-            dist = setup_distributed(cfg.device)
-            resources.callback(cleanup_distributed)
-            use_host(cfg.torch_threads)   # threads (auto: the cores) and glibc's heap
-            run_dir = get_run_dir(dist)
+            dist, run_dir = start_run(resources, cfg, checkpoint)  # processes, threads, heap,
+                                          # run directory; a resumed run's process count
             seed_everything(rank_seed(cfg.seed, dist.rank))
             if checkpoint:                # ... and load the model and optimizer states
                 restore_rng_state(checkpoint["rng"][dist.rank])
@@ -20,9 +18,9 @@ A loop uses them in this order:
             bar = resources.enter_context(progress_bar(total, initial=step, enabled=dist.is_main))
             ...  # each log interval: logger.log(all_reduce_mean(metrics, dist), step=step)
             ...  # each checkpoint interval, on every rank (a collective):
-            ...  #     rngs = all_gather_object(rng_state(), dist)
+            ...  #     gathered = gather_rank_states(dist, model, memory=state.state_dict())
             ...  # then on the main rank only:
-            ...  #     save_checkpoint(run_dir, {"step": step, "model": ..., "rng": rngs})
+            ...  #     save_checkpoint(run_dir, {**gathered, "step": step, "model": ...})
 """
 
 from training.checkpoint import (
@@ -68,6 +66,7 @@ from training.metrics import (
     truncate_metrics,
 )
 from training.progress import progress_bar, set_metrics
+from training.run import gather_rank_states, start_run
 from training.run_dir import (
     CONFIG_FILE,
     command_line_overrides,
@@ -102,6 +101,7 @@ __all__ = [
     "command_line_overrides",
     "exit_on_config_error",
     "gather_parameter_digests",
+    "gather_rank_states",
     "get_run_dir",
     "load_checkpoint",
     "progress_bar",
@@ -118,6 +118,7 @@ __all__ = [
     "seed_everything",
     "set_metrics",
     "start_logging",
+    "start_run",
     "use_host",
     "setup_distributed",
     "thread_count",

@@ -1,6 +1,6 @@
 """Performance against average memory size, one point per run (the paper's figures 4 and 5).
 
-    python -m agents.plot SWEEP_DIR [SWEEP_DIR ...] --out OUT_DIR [--markdown]
+    python -m analysis.plot SWEEP_DIR [SWEEP_DIR ...] --out OUT_DIR [--markdown]
 
 Each SWEEP_DIR is a Hydra `-m` sweep (SWEEP_DIR/<job number>/config.yaml, metrics.jsonl),
 a single run directory, or a directory holding several of either. Writes to OUT_DIR:
@@ -49,7 +49,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global state
 from omegaconf import OmegaConf
 
-from agents.probes import GYM_PATH
+from analysis.probes import GYM_PATH
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
 
 FINAL_POINTS = 5
@@ -618,7 +618,7 @@ def _warn(title: str, lines: Sequence[str]) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m agents.plot",
+        prog="python -m analysis.plot",
         description="Plot final performance against average memory size, one point per run.",
     )
     parser.add_argument("sweep_dirs", nargs="+", help="Hydra sweep directories or run directories")

@@ -1,6 +1,6 @@
 """Why a memory's expire-span moves between checkpoints: its input h_i, or the predictor w, b.
 
-    python -m agents.span_drift RUN_DIR [--every K] [--episodes N]
+    python -m analysis.span_drift RUN_DIR [--every K] [--episodes N]
 
 An Expire-Span memory lives e_i = L sigmoid(w.h_i + b) steps (eq. 3). Between two kept
 checkpoints of a run (``checkpoint_keep``) both w, b and the layer's input h_i (the output of

@@ -1,6 +1,6 @@
 """What an Expire-Span language model keeps: a passage shaded by each layer's expire-spans.
 
-    python -m lm.visualize CHECKPOINT (--text FILE | --split valid) --out DIR
+    python -m analysis.visualize CHECKPOINT (--text FILE | --split valid) --out DIR
 
 As in the paper's figures 8 and 11: every token of the passage is shaded by the expire-span
 e_i its memory gets at each layer (darker: kept longer; one row per layer). The model reads
@@ -291,7 +291,7 @@ def write_visualization(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m lm.visualize",
+        prog="python -m analysis.visualize",
         description="Shade a passage by the expire-span each layer of a trained model gives it.",
     )
     parser.add_argument("checkpoint", help="checkpoint file or run directory (memory=expire_span)")

@@ -1,6 +1,6 @@
 """Learning curves of runs, and whether each run holds what it learns.
 
-    python -m agents.curves RUN_DIR [RUN_DIR ...] --out FIGURE.png [--markdown] [--label KEY ...]
+    python -m analysis.curves RUN_DIR [RUN_DIR ...] --out FIGURE.png [--markdown] [--label KEY ...]
 
 Draws the task metric, the average memory size and (Expire-Span runs) every layer's mean and
 largest span against environment steps, one line per run (every seed shown), one colour per memory
@@ -24,8 +24,8 @@ from typing import Any
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from agents.plot import KIND_STYLES, PlotError, _series, find_run_dirs
-from agents.probes import task_metric
+from analysis.plot import KIND_STYLES, PlotError, _series, find_run_dirs
+from analysis.probes import task_metric
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
 
 
@@ -120,7 +120,7 @@ def plot_curves(runs: Sequence[tuple[str, str, list[dict[str, Any]]]]) -> Figure
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m agents.curves", description=__doc__.split("\n")[0]
+        prog="python -m analysis.curves", description=__doc__.split("\n")[0]
     )
     parser.add_argument("run_dirs", nargs="+", help="run directories, or sweeps holding them")
     parser.add_argument("--out", type=Path, help="PNG file for the figure")

@@ -1,7 +1,7 @@
 """Which collision questions a model gets right: those naming the last collision's colours, by
 how far back that collision is, and those naming another pair.
 
-    python -m lm.collision_probe CHECKPOINT [--split valid] [--rows 8]
+    python -m analysis.collision_probe CHECKPOINT [--split valid] [--rows 8]
 
 A question names the last collision's pair 40% of the time; its answer lies where that
 collision is. The other questions' answers lie where their pair last collided: on a 16 x 16
@@ -85,7 +85,7 @@ def predicted_quadrants(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m lm.collision_probe", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m analysis.collision_probe", description=__doc__)
     parser.add_argument("checkpoint", help="checkpoint file or run directory of task=collision")
     parser.add_argument("--split", choices=("train", "valid", "test"), default="valid")
     parser.add_argument("--rows", type=int, default=8, help="streams the split is read as")

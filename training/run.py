@@ -1,0 +1,55 @@
+"""The start and the checkpoints of a training run, as both trainers take them."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from training.config import ConfigError
+from training.distributed import (
+    DistInfo,
+    all_gather_object,
+    cleanup_distributed,
+    gather_parameter_digests,
+    setup_distributed,
+)
+from training.host import use_host
+from training.run_dir import get_run_dir
+from training.seeding import rng_state
+
+
+def start_run(
+    resources: ExitStack, cfg: DictConfig, checkpoint: Mapping | None
+) -> tuple[DistInfo, Path]:
+    """The processes (torchrun's, or this one alone), their threads and heap, and the run
+    directory; ``resources`` closes the process group on every way out. A resumed run must
+    have as many processes as wrote its checkpoint: each continues one rank's environments,
+    memory and random streams."""
+    dist = setup_distributed(cfg.device)
+    resources.callback(cleanup_distributed)
+    use_host(cfg.torch_threads)
+    run_dir = get_run_dir(dist)
+    if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
+        writers = len(checkpoint["rng"])
+        raise ConfigError(
+            f"the checkpoint in {run_dir} was written by {writers} process(es), not "
+            f"{dist.world_size}; resume it with as many (torchrun --nproc_per_node={writers})"
+        )
+    return dist, run_dir
+
+
+def gather_rank_states(dist: DistInfo, model: torch.nn.Module, **carried: Any) -> dict[str, list]:
+    """The checkpoint's entries that every rank gives (a collective: every rank calls it):
+    "rng", each rank's random streams; one list per keyword of ``carried``, each rank's value
+    (what the rank carries from one update to the next); and "parameter_digests", which a
+    resumed run checks its ranks' parameters against."""
+    gathered = {"rng": all_gather_object(rng_state(), dist)}
+    for name, value in carried.items():
+        gathered[name] = all_gather_object(value, dist)
+    gathered["parameter_digests"] = gather_parameter_digests(model, dist)
+    return gathered
