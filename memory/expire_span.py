@@ -157,7 +157,7 @@ class ExpireSpan(MemoryKind):
         self.attended_threshold = cfg.attended_threshold
         self.attended_margin = cfg.attended_margin
         self.learns_from_attention = cfg.attended_span_coef > 0
-        self.shortening = cfg.memory_shortening
+        self.memory_shortening = cfg.memory_shortening
         self.predictor = SpanPredictor(cfg)
 
     def initial_memory(
@@ -206,7 +206,7 @@ class ExpireSpan(MemoryKind):
     def restrict(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         """Random memory shortening in training (4.2): l ~ U(0, L) per call and layer, and
         the call's queries attend only to t - i <= l; the memories stay."""
-        if not (self.training and self.shortening):
+        if not (self.training and self.memory_shortening):
             return mask
         shortening = float(torch.rand(())) * self.max_span
         return mask * (slots.position[:, None, :] >= call.positions[:, :, None] - shortening)

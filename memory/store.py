@@ -158,7 +158,7 @@ def _owns_storage(t: Tensor) -> bool:
     return t.is_contiguous() and t.untyped_storage().nbytes() == t.numel() * t.element_size()
 
 
-Part = SlotStore | Tensor | None
+Part = SlotStore | Tensor
 
 
 class LayerMemory:
@@ -178,7 +178,7 @@ class LayerMemory:
     def __getitem__(self, name: str) -> Part:
         return self.parts[name]
 
-    def get(self, name: str) -> Part:
+    def get(self, name: str) -> Part | None:
         return self.parts.get(name)
 
     def replace(self, **parts: Part) -> LayerMemory:
@@ -195,26 +195,26 @@ class LayerMemory:
             if isinstance(part, SlotStore):
                 slots = Slots(*(None if t is None else t[index] for t in part.view()))
                 return SlotStore.of(slots.survivors(slots.position != EMPTY))
-            return None if part is None else part[index]
+            return part[index]
 
         return LayerMemory(**{name: pick(part) for name, part in self.parts.items()})
 
-    def state_dict(self) -> dict[str, list[Tensor | None] | Tensor | None]:
+    def state_dict(self) -> dict[str, list[Tensor | None] | Tensor]:
         """The parts as tensors: a store as the list of its slot fields."""
 
-        def save(part: Part) -> list[Tensor | None] | Tensor | None:
+        def save(part: Part) -> list[Tensor | None] | Tensor:
             if isinstance(part, SlotStore):  # clone: a view would save its whole buffer
                 return [None if t is None else t.detach().cpu().clone() for t in part.view()]
-            return None if part is None else part.cpu()
+            return part.cpu()
 
         return {name: save(part) for name, part in self.parts.items()}
 
     @classmethod
     def from_state_dict(cls, saved: dict, device: torch.device | str) -> LayerMemory:
-        def load(part: list[Tensor | None] | Tensor | None) -> Part:
+        def load(part: list[Tensor | None] | Tensor) -> Part:
             if isinstance(part, list):
                 return SlotStore.of(Slots(*(None if t is None else t.to(device) for t in part)))
-            return None if part is None else part.to(device)
+            return part.to(device)
 
         return cls(**{name: load(part) for name, part in saved.items()})
 
