@@ -1,24 +1,26 @@
 """Multi-Room Portal: agents with different memories at one budget, against scripted references.
 
     python benchmarks/portal.py --out runs/portal [--steps 20000000] [--agents ...]
-        [--episodes 100] [--references-only]
+        [--seeds 0 1 2] [--episodes 100] [--references-only]
 
 References, measured here: `envs.demo.ScriptedPortalPolicy` with a memory of the doors it
 tried (the most remembering earns) and without (a door at random on every visit), each over
 ``--episodes`` episodes of the default Portal (50 rooms of 5 x 5, 1000 steps).
 
 Agents: `python train_rl.py env=portal` (the paper's settings: 1024 environments, Adam 5e-4,
-L = 100) with each memory of ``--agents``, ``--steps`` environment steps each (20M: about an
-hour for Expire-Span on a 2-core CPU), one run at a time on every core, in
-``--out``/<agent> (metrics, checkpoints, and the greedy evaluation of eval.json). A run that
-was stopped continues from its checkpoint when the command is given again. The memories:
+L = 100) with each memory of ``--agents`` and each of ``--seeds``, ``--steps`` environment
+steps each (20M: about an hour for Expire-Span on a 2-core CPU), one run at a time on every
+core, in ``--out``/<agent>/seed<S> (metrics, checkpoints, and the greedy evaluation of
+eval.json). A run that was stopped continues from its checkpoint when the command is given
+again. The memories:
 - ``expire_span``: Expire-Span, L = 100;
 - ``transformer_xl_100`` and ``transformer_xl_10``: a fixed span of 100 and of 10 steps;
 - ``span_1``: a fixed span of 1 step, an agent without a memory of the doors.
 
-Prints one JSON object per reference and per agent: {"policy", "return", "rooms_reached",
-"memory_size"} (an agent's from the mean of its last three logging intervals, and its greedy
-evaluation as "greedy_return" and "greedy_rooms_reached").
+Prints one JSON object per reference and per run: {"policy", "return", "rooms_reached",
+"memory_size"} (a run's from the mean of its last three logging intervals, with its "seed",
+"steps" and greedy evaluation as "greedy_return" and "greedy_rooms_reached"); then, for an
+agent of several seeds, the mean over its seeds and the lowest seed's figures ("lowest_*").
 """
 
 from __future__ import annotations
@@ -70,9 +72,10 @@ def scripted_reference(memory: bool, episodes: int, seed: int = 0) -> dict:
     }
 
 
-def train_agent(name: str, out: Path, steps: int) -> dict:
-    """Trains (or continues) agent ``name`` in ``out``/``name``; its final figures."""
-    run_dir = out / name
+def train_agent(name: str, seed: int, out: Path, steps: int) -> dict:
+    """Trains (or continues) agent ``name`` with ``seed`` in ``out``/``name``/seed<S>; its
+    final figures."""
+    run_dir = out / name / f"seed{seed}"
     resume = ["resume=true"] if (run_dir / "checkpoint.pt").exists() else []
     subprocess.run(
         [
@@ -81,6 +84,7 @@ def train_agent(name: str, out: Path, steps: int) -> dict:
             "env=portal",
             *AGENTS[name],
             f"total_steps={steps}",
+            f"seed={seed}",
             f"checkpoint_interval={CHECKPOINT_INTERVAL}",
             *resume,
             f"hydra.run.dir={run_dir}",
@@ -97,6 +101,7 @@ def train_agent(name: str, out: Path, steps: int) -> dict:
 
     return {
         "policy": name,
+        "seed": seed,
         "steps": lines[-1]["step"],
         "return": mean("return"),
         "rooms_reached": mean("rooms_reached"),
@@ -106,11 +111,26 @@ def train_agent(name: str, out: Path, steps: int) -> dict:
     }
 
 
+FIGURES = ("return", "rooms_reached", "memory_size", "greedy_return", "greedy_rooms_reached")
+
+
+def over_seeds(runs: list[dict]) -> dict:
+    """An agent's figures over its runs: the mean of each, and the lowest of rooms and return."""
+    summary = {"policy": runs[0]["policy"], "seeds": [run["seed"] for run in runs]}
+    for key in FIGURES:
+        values = [run[key] for run in runs]
+        summary[key] = round(float(np.mean(values)), 2)
+        if key != "memory_size":
+            summary[f"lowest_{key}"] = min(values)
+    return summary
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path("runs/portal"), help="run directories")
     parser.add_argument("--steps", type=int, default=20_000_000, help="environment steps per agent")
     parser.add_argument("--agents", nargs="+", default=list(AGENTS), choices=AGENTS)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0], help="seeds per agent")
     parser.add_argument("--episodes", type=int, default=100, help="episodes per reference")
     parser.add_argument("--references-only", action="store_true")
     args = parser.parse_args()
@@ -119,7 +139,12 @@ def main() -> None:
     if args.references_only:
         return
     for name in args.agents:
-        print(json.dumps(train_agent(name, args.out, args.steps)), flush=True)
+        runs = []
+        for seed in args.seeds:
+            runs.append(train_agent(name, seed, args.out, args.steps))
+            print(json.dumps(runs[-1]), flush=True)
+        if len(runs) > 1:
+            print(json.dumps(over_seeds(runs)), flush=True)
 
 
 if __name__ == "__main__":

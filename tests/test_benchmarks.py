@@ -1,5 +1,6 @@
-"""benchmarks/throughput.py and time_to_success.py: the numbers they derive from a run."""
+"""benchmarks/throughput.py, time_to_success.py, portal.py: the numbers they derive from runs."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,32 @@ def test_export_commit_writes_that_commit_files(tmp_path: Path):
     commit = throughput.export_commit("HEAD", tmp_path)
     assert len(commit) >= 7
     assert (tmp_path / "train_rl.py").is_file() and (tmp_path / "configs" / "rl.yaml").is_file()
+
+
+def test_portal_runs_each_seed_in_its_own_directory_and_sums_up_over_seeds(tmp_path, monkeypatch):
+    portal = load_script("benchmarks/portal")
+    commands = []
+    monkeypatch.setattr(portal.subprocess, "run", lambda command, **_: commands.append(command))
+    for seed, rooms in ((0, [1.0, 4.0, 5.0, 6.0]), (1, [2.0, 2.0, 2.0, 2.0])):
+        run_dir = tmp_path / "expire_span" / f"seed{seed}"
+        run_dir.mkdir(parents=True)
+        lines = [
+            {"step": 1000 * k, "rooms_reached": r, "return": r / 2, "memory_size": 10.0 * seed}
+            for k, r in enumerate(rooms, 1)
+        ]
+        (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+        (run_dir / "eval.json").write_text(json.dumps({"return": 3.0 + seed, "rooms_reached": 7.0}))
+    (tmp_path / "expire_span" / "seed1" / "checkpoint.pt").touch()  # a stopped run continues
+
+    runs = [portal.train_agent("expire_span", seed, tmp_path, 4000) for seed in (0, 1)]
+
+    assert ["seed=0" in commands[0], "seed=1" in commands[1]] == [True, True]
+    assert ["resume=true" in c for c in commands] == [False, True]
+    assert commands[1][-1] == f"hydra.run.dir={tmp_path / 'expire_span' / 'seed1'}"
+    assert runs[0]["rooms_reached"] == 5.0 and runs[0]["return"] == 2.5  # last three intervals
+    assert runs[0]["steps"] == 4000 and runs[1]["seed"] == 1
+    summary = portal.over_seeds(runs)
+    assert summary["seeds"] == [0, 1]
+    assert summary["rooms_reached"] == 3.5 and summary["lowest_rooms_reached"] == 2.0
+    assert summary["greedy_return"] == 3.5 and summary["lowest_greedy_return"] == 3.0
+    assert summary["memory_size"] == 5.0 and "lowest_memory_size" not in summary
