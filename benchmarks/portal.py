@@ -115,7 +115,7 @@ FIGURES = ("return", "rooms_reached", "memory_size", "greedy_return", "greedy_ro
 
 
 def over_seeds(runs: list[dict]) -> dict:
-    """An agent's figures over its runs: the mean of each, and the lowest of rooms and return."""
+    """An agent's figures over its runs: the mean of each, and the lowest of each but memory."""
     summary = {"policy": runs[0]["policy"], "seeds": [run["seed"] for run in runs]}
     for key in FIGURES:
         values = [run[key] for run in runs]
