@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import importlib
+import inspect
 import json
 import logging
 import math
@@ -27,6 +28,7 @@ import imageio
 import numpy as np
 import torch
 from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import concatenate, create_empty_array
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
@@ -39,9 +41,11 @@ from agents.learners import (
     LossTerms,
     PolicyAnchor,
     actor_critic_loss,
+    behaviour_ratio_error,
     generalized_advantages,
     lr_fraction,
     make_optimizer,
+    masked_mean,
     minibatches,
     normalised,
     policy_kl,
@@ -63,6 +67,7 @@ from training import (
     METRICS_FILE,
     ConfigError,
     SpanStats,
+    all_reduce_max,
     all_reduce_mean,
     atomic_open,
     check_checkpoint_kind,
@@ -72,6 +77,7 @@ from training import (
     check_run_dir_argument,
     check_wandb_config,
     check_whole,
+    eval_seed,
     exit_on_config_error,
     gather_rank_states,
     load_checkpoint,
@@ -103,6 +109,17 @@ VECTORIZATIONS = ("auto", "sync", "async")
 ENV_META_KEYS = ("name", "id")
 LIST_IDS = "python -c 'import gymnasium; gymnasium.pprint_registry()'"
 RECORD_SUFFIXES = (".gif", ".mp4", ".txt")  # eval.record: frames, or an ansi trace
+# The paper defines its tasks' step limit as the end of an episode (A.3.1); on every other env
+# a step limit truncates, and the episode's last step bootstraps from its final observation.
+STEP_LIMIT_ENDS_EPISODE = ("corridor", "portal")
+LOSS_KEYS = ("policy_loss", "value_loss", "entropy", "aux_loss", "anchor_kl")  # update means
+# Logged as means over the interval's updates: the losses, the memory size, the KL of the last
+# epoch (PPO: KL(acting || current policy); 0 for A2C) and the epochs run per unroll (fewer
+# than agent.epochs when agent.target_kl stopped them).
+INTERVAL_MEANS = ("memory_size", *LOSS_KEYS, "approx_kl", "epochs")
+# The largest |pi_learner / pi_acting - 1| of any unroll's first minibatch, before its first
+# update: 0 up to float error when the learner starts from the policy that acted.
+BEHAVIOUR_RATIO_ERROR = "behaviour_ratio_error"
 EVAL_FILE = "eval.json"  # a finished run's evaluation (eval.after_training)
 CURVES_FILE = "curves.png"  # and its learning curves
 
@@ -126,6 +143,17 @@ def check_config(cfg: DictConfig) -> None:
     check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
     if cfg.agent.get("anchor_coef", 0):
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
+        if "success" not in OUTCOMES[cfg.env.name] or cfg.env.name in GYM_PATH:
+            raise ConfigError(
+                f"agent.anchor_coef needs an env that reports success (its anchor_from is a "
+                f"success rate), and env={cfg.env.name} does not; drop agent.anchor_coef"
+            )
+    for key, train_only in (("dropout", "dropout"), ("memory_shortening", "memory shortening")):
+        if cfg.memory.get(key):
+            raise ConfigError(
+                f"memory.{key}={cfg.memory[key]}: {train_only} acts in training mode only, so "
+                "the learner would not see the policy that acted; RL runs without it"
+            )
     for key in ("epochs", "minibatches"):
         check_positive_int(f"agent.{key}", cfg.agent[key])
     if cfg.agent.minibatches > cfg.num_envs:
@@ -219,11 +247,12 @@ def make_envs(env_cfg: DictConfig, num_envs: int):
             env_cfg.id, num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs
         )
     mode = env_cfg.get("vectorization", "auto")
+    entry_point = env_spec(env_cfg.id).vector_entry_point
     if mode == "auto":
-        mode = "vector_entry_point" if env_spec(env_cfg.id).vector_entry_point else "sync"
+        mode = "vector_entry_point" if entry_point else "sync"
     autoreset = {"autoreset_mode": AutoresetMode.SAME_STEP}
-    if mode == "vector_entry_point":  # which takes every setting as a keyword argument
-        kwargs.update(autoreset)
+    if mode == "vector_entry_point" and takes_keyword(entry_point, "autoreset_mode"):
+        kwargs.update(autoreset)  # (else it resets as it does: `resets_next_step`)
     return gym.make_vec(
         env_cfg.id,
         num_envs=num_envs,
@@ -231,6 +260,56 @@ def make_envs(env_cfg: DictConfig, num_envs: int):
         vector_kwargs=None if mode == "vector_entry_point" else autoreset,
         **kwargs,
     )
+
+
+def takes_keyword(entry_point: str | Any, name: str) -> bool:
+    """Whether an env's entry point (a callable or a "module:attr" string) takes keyword
+    argument ``name``."""
+    if isinstance(entry_point, str):
+        entry_point = gym.envs.registration.load_env_creator(entry_point)
+    parameters = inspect.signature(entry_point).parameters.values()
+    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
+
+
+def resets_next_step(vec_env: gym.vector.VectorEnv) -> bool:
+    """Whether ``vec_env`` resets an env in the step after the one that ended its episode
+    (Gymnasium's next-step autoreset, as CartPole's own vector env does) rather than in the
+    same step. That reset step ignores the action and ends nothing."""
+    mode = AutoresetMode(vec_env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+    if mode == AutoresetMode.DISABLED:
+        raise ConfigError(
+            "the vector env does not reset its envs itself (autoreset disabled); use "
+            "env.vectorization=sync"
+        )
+    return mode == AutoresetMode.NEXT_STEP
+
+
+def episode_info(info: dict, next_step: bool) -> dict:
+    """The info of the episodes that ended in a step: ``final_info`` when the envs reset in
+    the same step, the step's own info when they reset in the next."""
+    return info if next_step else info.get("final_info", {})
+
+
+def final_values(
+    agent: ActorCritic,
+    vec_env: gym.vector.VectorEnv,
+    final_obs: np.ndarray,
+    ended: np.ndarray,
+    state: Any,
+    previous: tuple[torch.Tensor, torch.Tensor],
+) -> torch.Tensor:
+    """The values of the final observations ``final_obs`` of the episodes ``ended`` (B,) that a
+    step limit truncated, each read with the memory ``state`` it had before its env reset."""
+    space = vec_env.single_observation_space
+    obs = concatenate(space, list(final_obs), create_empty_array(space, len(final_obs)))
+    device = previous[1].device
+    index = torch.as_tensor(np.flatnonzero(ended), device=device)
+    continuing = torch.zeros(len(index), dtype=torch.bool, device=device)
+    chosen = tuple(x[index] for x in previous)
+    # (greedy: no sample is drawn, so the random streams are those of a run without limit)
+    obs = to_device(obs, device)
+    _, _, value, _ = agent.act(obs, state.select(index), continuing, chosen, greedy=True)
+    return value
 
 
 def make_single_env(env_cfg: DictConfig, render_mode: str | None = None) -> gym.Env:
@@ -243,18 +322,18 @@ def make_single_env(env_cfg: DictConfig, render_mode: str | None = None) -> gym.
 
 
 def learner_loss(
-    agent_cfg: DictConfig, logits, values, actions, old_log_probs, advantages, returns
+    agent_cfg: DictConfig, logits, values, actions, old_log_probs, advantages, returns, mask
 ) -> LossTerms:
     if agent_cfg.name == "ppo":
-        return ppo_loss(logits, values, actions, old_log_probs, advantages, returns, agent_cfg.clip)
-    return actor_critic_loss(logits, values, actions, advantages, returns)
+        clip = agent_cfg.clip
+        return ppo_loss(logits, values, actions, old_log_probs, advantages, returns, clip, mask)
+    return actor_critic_loss(logits, values, actions, advantages, returns, mask)
 
 
 class EpisodeStats:
     """Running returns and lengths of a batch of environments, and the task's outcome of every
     episode that ends (`success`, or a Gymnasium env's `is_success`, and `rooms_reached` for
-    Portal), which environments that autoreset in the same step report in
-    `info["final_info"]`."""
+    Portal), as the info of the step that ended it reports them (`episode_info`)."""
 
     def __init__(self, num_envs: int, env_name: str, extra: tuple[str, ...] = ()) -> None:
         self.outcomes = OUTCOMES[env_name] + extra  # extra: more keys of the env's final info
@@ -262,14 +341,17 @@ class EpisodeStats:
         self.running_length = np.zeros(num_envs, dtype=np.int64)
         self.finished: dict[str, list[float]] = {}
 
-    def record(self, reward: np.ndarray, done: np.ndarray, info: dict) -> None:
+    def record(
+        self, reward: np.ndarray, done: np.ndarray, final_info: dict, counted: np.ndarray
+    ) -> None:
+        """One step: its rewards, which episodes it ended and their info (`episode_info`);
+        ``counted``: False for a reset step, which belongs to no episode."""
         self.running_return += reward
-        self.running_length += 1
+        self.running_length += counted
         if not done.any():
             return
         self._add("return", self.running_return[done])
         self._add("episode_length", self.running_length[done])
-        final_info = info.get("final_info", {})
         for key in self.outcomes:
             reported = [name for name in INFO_KEYS.get(key, (key,)) if name in final_info]
             if reported:
@@ -320,6 +402,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
 
         vec_env = make_envs(cfg.env, B)
         resources.callback(vec_env.close)
+        next_step = resets_next_step(vec_env)
+        # The paper's tasks end an episode at their step limit; elsewhere a truncated
+        # episode's last step bootstraps from the value of its final observation.
+        bootstrap_truncated = cfg.env.name not in STEP_LIMIT_ENDS_EPISODE
         obs, _ = vec_env.reset(seed=rank_seed(cfg.seed, dist.rank))
         agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
         agent.to(dist.device)
@@ -367,24 +453,21 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         action_shape = vec_env.single_action_space.shape  # (components,) for MultiDiscrete
         actions = torch.zeros((B, T, *action_shape), dtype=torch.long, device=device)
         log_probs, values, rewards, dones = (torch.zeros((B, T), device=device) for _ in range(4))
+        # gamma V(final observation) of the steps that truncated an episode (else 0)
+        truncation_values = torch.zeros((B, T), device=device)
         starts = torch.zeros((B, T), dtype=torch.bool, device=device)
+        # False for the reset steps of a next-step env: their action was not taken
+        valid = torch.ones((B, T), dtype=torch.bool, device=device)
 
         episode_start = torch.ones(B, dtype=torch.bool, device=device)
+        resetting = np.zeros(B, dtype=bool)  # next-step envs: this step starts a new episode
         previous = (actions[:, 0].clone(), rewards[:, 0].clone())  # the last action and reward
         gym_path = cfg.env.name in GYM_PATH
         mmer = math.nan  # POPGym's MMER: the best interval mean return so far (gym path)
         stats = EpisodeStats(B, cfg.env.name)
         span_stats = SpanStats()
-        interval = {
-            "memory_size": 0.0,
-            "aux_loss": 0.0,
-            "policy_loss": 0.0,
-            "value_loss": 0.0,
-            "entropy": 0.0,
-            "approx_kl": 0.0,  # PPO: mean KL over the last epoch's minibatches (0 for A2C)
-            "anchor_kl": 0.0,  # KL(policy || anchor) of the last minibatch (0 with no anchor)
-            "epochs": 0.0,  # epochs run per unroll (fewer than agent.epochs: stopped by target_kl)
-        }
+        interval = dict.fromkeys(INTERVAL_MEANS, 0.0)
+        interval[BEHAVIOUR_RATIO_ERROR] = 0.0  # the largest of the interval's updates
         interval_start, updates_in_interval = time.perf_counter(), 0
         acting = checkpoint.get("acting") if checkpoint is not None else None
         if acting is not None:
@@ -393,48 +476,76 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             saved = acting[dist.rank]
             vec_env.load_state_dict(as_arrays(saved["envs"]))
             obs, episode_start = to_device(saved["obs"], device), saved["episode_start"].to(device)
-            if "previous" in saved:
-                previous = tuple(x.to(device) for x in saved["previous"])
+            previous = tuple(x.to(device) for x in saved["previous"])
+            resetting = saved["resetting"].numpy().copy()
             state = type(state).from_state_dict(saved["memory"], device)
+            if anchor is not None and anchor.active:
+                anchor.state = type(state).from_state_dict(saved["anchor_memory"], device)
             stats.load_state_dict(saved["episodes"])
             span_stats.load_state_dict(saved["spans"])
             interval, updates_in_interval = saved["interval"], saved["updates_in_interval"]
         elif checkpoint is not None:  # (environments without a state_dict)
             log.warning("the environments restart from their seeds: the run replays episodes")
+        if anchor is not None and anchor.active and anchor.state is None:
+            anchor.state = anchor.model.core.refresh(state)
 
         for update in range(first_update, num_updates):
-            # Act for T steps in step mode; remember the memory the unroll starts from.
+            # Act for T steps in step mode, from the carried memory read with the current
+            # weights, as the learner will read it; remember the memory the unroll starts from.
             agent.eval()
+            state = agent.core.refresh(state)
             unroll_state, unroll_previous = state, previous
             memory_size = 0.0
+            truncation_values.zero_()
             for t in range(T):
                 store_step(obs_buf, t, obs)
                 starts[:, t] = episode_start
+                valid[:, t] = torch.as_tensor(~resetting, device=device)
                 action, log_probs[:, t], values[:, t], out = agent.act(
                     obs, state, episode_start, previous
                 )
-                state, actions[:, t] = out.state, action
+                actions[:, t] = action
                 memory_size += out.memory_size
                 span_stats.add(out.spans)
                 next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
-                done = terminated | truncated
-                stats.record(reward, done, info)
+                ended = terminated | truncated
+                stats.record(reward, ended, episode_info(info, next_step), counted=~resetting)
                 reward = torch.as_tensor(reward, dtype=torch.float32, device=device)
+                cut = truncated & ~terminated if bootstrap_truncated else np.zeros(B, dtype=bool)
+                if next_step:  # bootstrapped from the reset step's value, after the unroll
+                    truncation_values[:, t] = torch.as_tensor(cut, device=device)
+                elif cut.any():
+                    truncation_values[cut, t] = final_values(
+                        agent, vec_env, info["final_obs"][cut], cut, out.state, (action, reward)
+                    )
                 rewards[:, t] = reward
-                dones[:, t] = torch.as_tensor(done, device=device)
-                obs = to_device(next_obs, device)
-                episode_start = torch.as_tensor(done, device=device)
-                previous = (action, reward)
+                dones[:, t] = torch.as_tensor(ended | resetting, device=device)
+                state, obs, previous = out.state, to_device(next_obs, device), (action, reward)
+                if next_step:  # the step after an episode's end resets the env
+                    episode_start = torch.as_tensor(resetting, device=device)
+                    resetting = ended
+                else:
+                    episode_start = torch.as_tensor(ended, device=device)
             # The bootstrap value (its state is not kept).
             _, _, bootstrap_value, _ = agent.act(obs, state, episode_start, previous)
+            if next_step:  # a reset step acted on the final observation of the episode before
+                next_values = torch.cat([values[:, 1:], bootstrap_value[:, None]], dim=1)
+                truncation_values.mul_(next_values)
 
-            # Learn in block mode over the unroll (truncation is treated as termination).
+            # Learn in block mode over the unroll.
             agent.train()
             advantages, returns = generalized_advantages(
-                rewards, values, dones, bootstrap_value, cfg.agent.gamma, cfg.agent.gae_lambda
+                rewards,
+                values,
+                dones,
+                bootstrap_value,
+                cfg.agent.gamma,
+                cfg.agent.gae_lambda,
+                truncation_values,
             )
+            mask = None if bool(valid.all()) else valid
             if cfg.agent.name == "ppo":
-                advantages = normalised(advantages, returns, cfg.agent.advantage_scale)
+                advantages = normalised(advantages, returns, cfg.agent.advantage_scale, mask)
             credits = None
             if explore_spans:
                 credits = span_credit(rewards, values, dones, bootstrap_value, cfg.agent.gamma)
@@ -448,13 +559,10 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             for group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
                 group["lr"] = base_lr * fraction
             anchored = anchor is not None and anchor.active
-            if anchored:  # the anchor's policy on the whole unroll, once
-                with torch.no_grad():
-                    anchor_logits, _, _ = anchor.model(
-                        obs_buf, unroll_state, starts, None, (previous_actions, previous_rewards)
-                    )
-            anchor_kl = torch.zeros(())
-            epochs_run = 0
+            if anchored:  # the anchor's policy on the whole unroll, once, from its own memory
+                anchor_logits = anchor.policy(obs_buf, starts, (previous_actions, previous_rewards))
+            losses = dict.fromkeys(LOSS_KEYS, torch.zeros((), device=device))
+            epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
             for epoch in range(cfg.agent.epochs):
                 epochs_run, epoch_kl = epochs_run + 1, 0.0
                 for index in minibatches(B, cfg.agent.minibatches):
@@ -469,6 +577,11 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                         credit,
                         (previous_actions[index], previous_rewards[index]),
                     )
+                    minibatch_mask = None if mask is None else mask[index]
+                    if minibatches_run == 0:  # before the unroll's first optimiser step
+                        ratio_error = behaviour_ratio_error(
+                            logits, actions[index], log_probs[index], minibatch_mask
+                        )
                     terms = learner_loss(
                         cfg.agent,
                         logits,
@@ -477,17 +590,26 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                         log_probs[index],
                         advantages[index],
                         returns[index],
+                        minibatch_mask,
                     )
                     loss = terms.total(cfg.agent.value_coef, cfg.agent.entropy_coef) + out.aux_loss
+                    anchor_kl = torch.zeros((), device=device)
                     if anchored:
                         reference = select_envs(anchor_logits, index)
-                        anchor_kl = policy_kl(logits, reference).mean()
+                        anchor_kl = masked_mean(policy_kl(logits, reference), minibatch_mask)
                         loss = loss + anchor_coef * anchor_kl
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
                     if cfg.agent.max_grad_norm:
                         torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.agent.max_grad_norm)
                     optimizer.step()
+                    minibatches_run += 1
+                    for key, value in zip(
+                        LOSS_KEYS,
+                        (terms.policy, terms.value, terms.entropy, out.aux_loss, anchor_kl),
+                        strict=True,
+                    ):
+                        losses[key] = losses[key] + value.detach()  # summed without a sync
                     if terms.approx_kl is not None:
                         epoch_kl += terms.approx_kl.detach() / cfg.agent.minibatches  # no sync
                 # PPO: stop this unroll's epochs once the policy is target_kl away from the one
@@ -496,17 +618,13 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 if target_kl and all_reduce_mean({"kl": float(epoch_kl)}, dist)["kl"] > target_kl:
                     break
 
-            for key, value in (
-                ("memory_size", memory_size / T),
-                ("aux_loss", out.aux_loss.item()),
-                ("policy_loss", terms.policy.item()),
-                ("value_loss", terms.value.item()),
-                ("entropy", terms.entropy.item()),
-                ("approx_kl", float(epoch_kl)),
-                ("anchor_kl", anchor_kl.item()),
-                ("epochs", epochs_run),
-            ):
+            update_means = {key: float(value) / minibatches_run for key, value in losses.items()}
+            update_means.update(
+                memory_size=memory_size / T, approx_kl=float(epoch_kl), epochs=epochs_run
+            )
+            for key, value in update_means.items():
                 interval[key] = interval.get(key, 0.0) + value  # (resumed: a key may be new)
+            interval[BEHAVIOUR_RATIO_ERROR] = max(interval[BEHAVIOUR_RATIO_ERROR], ratio_error)
             updates_in_interval += 1
             step = (update + 1) * steps_per_update
             progress.update(steps_per_update)
@@ -514,6 +632,9 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             if (update + 1) % cfg.log_interval == 0 or update + 1 == num_updates:
                 elapsed = time.perf_counter() - interval_start
                 metrics = {key: value / updates_in_interval for key, value in interval.items()}
+                metrics[BEHAVIOUR_RATIO_ERROR] = all_reduce_max(
+                    interval[BEHAVIOUR_RATIO_ERROR], dist
+                )
                 metrics.update(stats.summary())
                 metrics.update(span_stats.summary())
                 metrics.update(
@@ -532,8 +653,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 value = metrics[metric]
                 if not math.isnan(value) and (best is None or value > best["value"]):
                     best = {"metric": metric, "value": value, "step": step}
-                    if anchor is not None:
-                        anchor.keep(agent, value)
+                    if anchor is not None:  # (the env reports success: check_config)
+                        anchor.keep(agent, metrics["success"], state)
                     if dist.is_main:
                         model = {"agent": agent.state_dict(), "step": step, "best": best}
                         model["config"] = OmegaConf.to_container(cfg, resolve=True)
@@ -543,20 +664,22 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             if (update + 1) % cfg.checkpoint_interval == 0 or update + 1 == num_updates:
                 # Every rank takes part: what each rank's acting carries over is gathered.
                 exact_envs = hasattr(vec_env, "state_dict")  # a user's env may have none
+                anchored = anchor is not None and anchor.active
                 carried = {
                     "envs": as_tensors(vec_env.state_dict()) if exact_envs else None,
                     "obs": map_observation(torch.Tensor.cpu, obs),
                     "episode_start": episode_start.cpu(),
+                    "resetting": torch.from_numpy(resetting.copy()),
                     "previous": [x.cpu() for x in previous],
                     "mmer": mmer,
                     "memory": state.state_dict(),
+                    "anchor_memory": anchor.state.state_dict() if anchored else None,
                     "episodes": stats.state_dict(),
                     "spans": span_stats.state_dict(),
                     "interval": dict(interval),
                     "updates_in_interval": updates_in_interval,
                 }
                 gathered = gather_rank_states(dist, agent, acting=carried)
-                anchored = anchor is not None and anchor.active
                 if dist.is_main:
                     save_checkpoint(
                         run_dir,
@@ -682,9 +805,11 @@ def evaluate_agent(
     probe_word = vocab.index(eval_cfg.probe_word) if eval_cfg.probe_word in vocab else None
 
     device = next(agent.parameters()).device
-    obs, _ = vec_env.reset(seed=seed)
+    next_step = resets_next_step(vec_env)
+    obs, _ = vec_env.reset(seed=eval_seed(seed))  # layouts that training never started from
     obs = to_device(obs, device)
     episode_start = torch.ones(eval_cfg.num_envs, dtype=torch.bool, device=device)
+    resetting = np.zeros(eval_cfg.num_envs, dtype=bool)
     previous = None
     state = agent.initial_state(eval_cfg.num_envs, device)
     layout = ("cue_color", "good_door_north")  # the Corridor's case, not averaged below
@@ -703,9 +828,10 @@ def evaluate_agent(
                 keep_new_memories(state, in_view, agent.core.cfg.max_span)
         next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
         done = terminated | truncated
-        stats.record(reward, done, info)
+        stats.record(reward, done, episode_info(info, next_step), counted=~resetting)
         obs = to_device(next_obs, device)
-        episode_start = torch.as_tensor(done, device=device)
+        episode_start = torch.as_tensor(resetting if next_step else done, device=device)
+        resetting = done if next_step else resetting
         previous = (action, torch.as_tensor(reward, dtype=torch.float32, device=device))
     vec_env.close()
     finished = stats.finished  # (summary() forgets them)
@@ -737,7 +863,7 @@ def record_episode(agent: ActorCritic, env_cfg: DictConfig, path: Path, cfg: Dic
     """Plays one episode in a single environment and writes its frames to `path`."""
     suffix = path.suffix.lower()  # one of RECORD_SUFFIXES (check_config)
     env = make_single_env(env_cfg, render_mode="ansi" if suffix == ".txt" else "rgb_array")
-    obs, _ = env.reset(seed=cfg.seed)
+    obs, _ = env.reset(seed=eval_seed(cfg.seed))
     state = agent.initial_state(1)
     episode_start, previous = torch.ones(1, dtype=torch.bool), None
     frames, done = [env.render()], False

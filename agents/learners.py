@@ -21,16 +21,22 @@ def generalized_advantages(
     bootstrap_value: torch.Tensor,
     gamma: float,
     gae_lambda: float,
+    truncation_values: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (Schulman et al. 2016) over an unroll; `dones[:, t]` marks an episode that ended
     with step t. With gae_lambda = 1 the advantages are the n-step returns of advantage
-    actor-critic minus the values. Returns (advantages, value targets), both (B, T)."""
+    actor-critic minus the values. ``truncation_values[:, t]``: the value of the final
+    observation of an episode that a step limit ended with step t (0 elsewhere), which that
+    step bootstraps from: delta_t = r_t + gamma V(final) - V_t. Returns (advantages, value
+    targets), both (B, T)."""
     advantages = torch.zeros_like(rewards)
     next_advantage = torch.zeros_like(bootstrap_value)
     next_value = bootstrap_value
     for t in reversed(range(rewards.shape[1])):
         not_done = 1.0 - dones[:, t]
         delta = rewards[:, t] + gamma * next_value * not_done - values[:, t]
+        if truncation_values is not None:
+            delta = delta + gamma * truncation_values[:, t]
         next_advantage = delta + gamma * gae_lambda * not_done * next_advantage
         advantages[:, t] = next_advantage
         next_value = values[:, t]
@@ -55,6 +61,28 @@ def log_prob_and_entropy(
     return taken, -(log_probs.exp() * log_probs).sum(-1)
 
 
+def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """The mean of ``x`` over the entries where ``mask`` (bool, x's shape) is True; all of
+    them for None."""
+    if mask is None:
+        return x.mean()
+    return (x * mask).sum() / mask.sum().clamp_min(1)
+
+
+def behaviour_ratio_error(
+    logits: Logits, actions: torch.Tensor, behaviour_log_probs: torch.Tensor, mask
+) -> float:
+    """max |pi(a|s) / pi_behaviour(a|s) - 1| over the samples (``mask``: those whose action was
+    taken), for the policy of ``logits``: 0 up to float error when it is the policy that
+    acted, as it must be before an unroll's first update."""
+    with torch.no_grad():
+        taken, _ = log_prob_and_entropy(logits, actions)
+        error = (taken - behaviour_log_probs).exp().sub(1).abs()
+        if mask is not None:
+            error = error[mask]
+        return float(error.max()) if error.numel() else 0.0
+
+
 def policy_kl(logits: Logits, reference: Logits) -> torch.Tensor:
     """KL(pi || reference) at each state, between the policies of two sets of logits; summed
     over the components of MultiDiscrete actions."""
@@ -65,24 +93,40 @@ def policy_kl(logits: Logits, reference: Logits) -> torch.Tensor:
 
 
 class PolicyAnchor:
-    """The agent of the best logged interval, once that interval solved the task (its metric
+    """The agent of the best logged interval, once that interval solved the task (its success
     at least ``solved``), whose policy a KL penalty holds the agent near
     (``agent.anchor_coef``). PPO's clip bounds a policy's move only where an advantage pushes
     it; once a task is solved the advantages are about 0, and the critic's regression
     reshapes the shared core under a policy that nothing holds in place. Before the task is
     solved there is no anchor: one at an unsolved policy would hold back learning (a KL to a
-    near-uniform policy is an entropy bonus)."""
+    near-uniform policy is an entropy bonus).
+
+    The anchor reads its own memory (``state``): it starts as the agent's carried memory with
+    keys, values and spans recomputed by the anchor's weights, and from then on holds what the
+    anchor's own passes over the unrolls write, so within one span every memory it reads is
+    the anchor's."""
 
     def __init__(self, agent: torch.nn.Module, solved: float) -> None:
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
         self.solved = solved
         self.active = False
+        self.state = None  # the anchor's memory at the start of the next unroll
 
-    def keep(self, agent: torch.nn.Module, value: float) -> None:
-        """At a new best interval, of task metric ``value``."""
-        if value >= self.solved:
+    def keep(self, agent: torch.nn.Module, success: float, state) -> None:
+        """At a new best interval, of success rate ``success``; ``state``: the agent's
+        memory at the start of the next unroll."""
+        if success >= self.solved:
             self.model.load_state_dict(agent.state_dict())
+            self.state = self.model.core.refresh(state)
             self.active = True
+
+    @torch.no_grad()
+    def policy(self, obs, episode_start: torch.Tensor, previous) -> Logits:
+        """The anchor's logits over an unroll (block mode, from its own memory, which it
+        carries on to the next unroll)."""
+        logits, _, out = self.model(obs, self.state, episode_start, None, previous)
+        self.state = out.state
+        return logits
 
 
 @dataclass
@@ -102,23 +146,31 @@ def actor_critic_loss(
     actions: torch.Tensor,
     advantages: torch.Tensor,
     returns: torch.Tensor,
+    mask: torch.Tensor | None = None,
 ) -> LossTerms:
-    """Advantage actor-critic: -log pi(a|s) A, squared value error, entropy bonus."""
+    """Advantage actor-critic: -log pi(a|s) A, squared value error, entropy bonus; means over
+    the samples of ``mask`` (None: all)."""
     taken, entropy = log_prob_and_entropy(logits, actions)
     return LossTerms(
-        policy=-(taken * advantages).mean(),
-        value=0.5 * (returns - values).pow(2).mean(),
-        entropy=entropy.mean(),
+        policy=-masked_mean(taken * advantages, mask),
+        value=0.5 * masked_mean((returns - values).pow(2), mask),
+        entropy=masked_mean(entropy, mask),
     )
 
 
 ADVANTAGE_SCALES = ("std", "returns", "none")
 
 
-def normalised(advantages: torch.Tensor, returns: torch.Tensor, scale: str = "std") -> torch.Tensor:
-    """Advantages with zero mean, divided by a scale, both taken over the whole unroll before
-    it is split into minibatches (a minibatch holds only a few long episodes, and its own
-    statistics would swing with how many of them happen to end in it). ``scale``:
+def normalised(
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    scale: str = "std",
+    mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Advantages with zero mean, divided by a scale, both taken over the whole unroll (the
+    samples of ``mask``, None: all) before it is split into minibatches (a minibatch holds
+    only a few long episodes, and its own statistics would swing with how many of them happen
+    to end in it). ``scale``:
 
     - "std": their standard deviation (unit-scale updates at every stage of learning);
     - "returns": the root mean square of the value targets ``returns``, i.e. advantages in
@@ -127,6 +179,11 @@ def normalised(advantages: torch.Tensor, returns: torch.Tensor, scale: str = "st
       while the returns keep their size;
     - "none": centred only.
     """
+    if mask is not None:
+        advantages, returns = advantages[mask], returns[mask]
+        return advantages.new_zeros(mask.shape).masked_scatter(
+            mask, normalised(advantages, returns, scale)
+        )
     centred = advantages - advantages.mean()
     if scale == "std":
         return centred / advantages.std().clamp_min(1e-8)
@@ -161,18 +218,20 @@ def ppo_loss(
     advantages: torch.Tensor,
     returns: torch.Tensor,
     clip: float,
+    mask: torch.Tensor | None = None,
 ) -> LossTerms:
     """PPO's clipped surrogate (Schulman et al. 2017); train_rl.py passes advantages
-    ``normalised`` over the unroll."""
+    ``normalised`` over the unroll. Means over the samples of ``mask`` (None: all)."""
     taken, entropy = log_prob_and_entropy(logits, actions)
     log_ratio = taken - old_log_probs
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    k3 = (ratio - 1) - log_ratio  # the k3 estimator of KL: unbiased, >= 0
     return LossTerms(
-        policy=-surrogate.mean(),
-        value=0.5 * (returns - values).pow(2).mean(),
-        entropy=entropy.mean(),
-        approx_kl=((ratio - 1) - log_ratio).mean().detach(),  # the k3 estimator: unbiased, >= 0
+        policy=-masked_mean(surrogate, mask),
+        value=0.5 * masked_mean((returns - values).pow(2), mask),
+        entropy=masked_mean(entropy, mask),
+        approx_kl=masked_mean(k3, mask).detach(),
     )
 
 

@@ -62,6 +62,11 @@ class RecurrentCore(nn.Module):
         zeros = torch.zeros(self.num_layers, batch_size, self.dim, device=device)
         return RecurrentState(zeros, zeros.clone() if self.kind == "lstm" else None)
 
+    def refresh(self, state: RecurrentState) -> RecurrentState:
+        """``state`` as it is: a recurrent state holds nothing computed by weights it will
+        read with (``memory.MemoryTransformer.refresh``)."""
+        return state
+
     def _run(self, x: torch.Tensor, state: RecurrentState) -> tuple[torch.Tensor, RecurrentState]:
         rnn = getattr(self, self.kind)
         if self.kind == "lstm":

@@ -57,14 +57,15 @@ class Compressive(MemoryKind):
         memory = super().initial_memory(batch, device, dtype, explore)
         return memory.replace(compressed=self.empty_store(batch, device, dtype, with_span=False))
 
-    def alive_recent(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
+    def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
+        """Which recent memories are still in the FIFO for a query at ``time``."""
         return slots.position >= self.oldest_in_fifo(torch.full_like(begin, time), begin)[:, None]
 
     def alive_compressed(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         return (slots.position >= time - self.reach) & (slots.position >= begin[:, None])
 
     def read(self, attention: MemoryAttention, memory: LayerMemory, new: Slots, call: Call) -> Read:
-        recent, kept = self.extend(attention, memory, "recent", new, call, self.alive_recent)
+        recent, kept = self.extend(attention, memory, "recent", new, call, self.alive)
         pooled = self.compress(attention, recent, call)
         older, compressed = self.extend(
             attention, memory, "compressed", pooled, call, self.alive_compressed
@@ -83,7 +84,7 @@ class Compressive(MemoryKind):
         ]
         count = keep.sum() + older_keep.sum()
         if not call.in_place:
-            kept = self.delete(recent, call, self.alive_recent)
+            kept = self.delete(recent, call, self.alive)
             compressed = self.delete(older, call, self.alive_compressed)
         width, window = self.window_of(recent.position, call)
         zero = torch.zeros((), dtype=call.dtype, device=count.device)

@@ -210,6 +210,20 @@ class MemoryKind(nn.Module):
         window = self.window_of(slots.position, call)
         return Read([segment], *window, aux_loss, count, memory.replace(recent=recent), slots)
 
+    def refresh(self, attention: MemoryAttention, memory: LayerMemory) -> LayerMemory:
+        """The memory with every stored memory's key, value and span recomputed from its h_i
+        with the current weights: what block mode with gradients reads (``extend``), so that
+        acting from the refreshed memory and learning from it see one policy."""
+        parts = {}
+        for name, part in memory.parts.items():
+            if isinstance(part, SlotStore):
+                old = part.view()
+                keys, values = attention.key_value(old.hidden)
+                span = self.span(old.hidden, old.position, memory) if old.span is not None else None
+                part = SlotStore.of(Slots(old.hidden, keys, values, old.position, span))
+            parts[name] = part
+        return memory.replace(**parts)
+
     def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         """Which memories a query at ``time`` in an episode begun at ``begin`` (B,) can see."""
         m = self.mask((slots.position - time).to(slots.hidden.dtype), slots.span, None)

@@ -114,6 +114,19 @@ class MemoryTransformer(nn.Module):
             ),
         )
 
+    @torch.no_grad()
+    def refresh(self, state: MemoryState) -> MemoryState:
+        """``state`` with the keys, values and spans of its memories recomputed with the
+        current weights. Step mode caches them when a memory is written; after the weights
+        change (an update), a memory written before reads differently in step mode than in
+        block mode with gradients, which recomputes them. Refreshing after every update makes
+        acting and learning read every memory alike."""
+        layers = tuple(
+            layer.kind.refresh(layer.attention, memory)
+            for layer, memory in zip(self.layers, state.layers, strict=True)
+        )
+        return MemoryState(state.time, state.episode_begin, layers)
+
     def forward(
         self,
         x: Tensor,

@@ -57,3 +57,36 @@ class FakeSpacesEnv(gym.Env):
 
 
 gym.register(id="FakeSpaces-v0", entry_point=FakeSpacesEnv)
+
+
+class ConstantRewardEnv(gym.Env):
+    """Reward 1 at every step and an observation that never changes; only a step limit
+    (``max_episode_steps``) ends an episode, so its true value is 1 / (1 - gamma) in every
+    state, as if episodes never ended."""
+
+    observation_space = spaces.Box(0.0, 1.0, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 1.0, False, False, {}
+
+
+def constant_reward_vector_env(num_envs: int, max_episode_steps: int = 4):
+    """A vector env that resets in the step after an episode's end (Gymnasium's next-step
+    autoreset) and takes no autoreset_mode, as CartPole's own vector env."""
+    return gym.vector.SyncVectorEnv(
+        [lambda: gym.make("ConstantReward-v0", max_episode_steps=max_episode_steps)] * num_envs,
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+    )
+
+
+gym.register(
+    id="ConstantReward-v0",
+    entry_point=ConstantRewardEnv,
+    vector_entry_point=constant_reward_vector_env,
+    max_episode_steps=4,
+)

@@ -190,16 +190,18 @@ def _policy_steps(agent_cfg, learning: int, solved: int) -> tuple[float, float]:
     return float(np.mean(steps[learning - 100 : learning])), float(np.mean(steps[-100:]))
 
 
-def test_default_learner_steps_shrink_once_the_task_is_solved():
-    """Once a task is solved, the default PPO learner's steps shrink with its advantages (in
+def test_corridor_learner_steps_shrink_once_the_task_is_solved():
+    """Once a task is solved, the Corridor's PPO learner's steps shrink with its advantages (in
     units of the returns, under AMSGrad). The earlier learner (advantages divided by their
     std, Adam) kept taking steps as large as those of learning: on the Corridor those steps
     flipped one case of the door choice (docs/expire-span-dynamics.md)."""
     default = OmegaConf.load(ROOT / "configs" / "agent" / "ppo.yaml")
-    learning, solved = _policy_steps(default, learning=300, solved=1000)
+    corridor = OmegaConf.load(ROOT / "configs" / "agent_env" / "ppo_corridor.yaml").agent
+    corridor = OmegaConf.merge(default, corridor)
+    learning, solved = _policy_steps(corridor, learning=300, solved=1000)
     assert solved < 0.05 * learning
     earlier = OmegaConf.merge(
-        default, {"optimizer": "adam", "advantage_scale": "std", "entropy_coef": 0.01}
+        corridor, {"optimizer": "adam", "advantage_scale": "std", "entropy_coef": 0.01}
     )
     earlier_learning, earlier_solved = _policy_steps(earlier, learning=300, solved=1000)
     assert earlier_solved > 0.2 * earlier_learning and earlier_solved > 10 * solved
@@ -243,9 +245,10 @@ def test_policy_anchor_keeps_the_best_agent_once_it_solved_the_task():
         for p in agent.parameters():
             p.add_(1.0)
     before = flat_parameters(anchor.model)
-    anchor.keep(agent, 0.9)  # a new best that has not solved the task
+    state = agent.initial_state(2)
+    anchor.keep(agent, 0.9, state)  # a new best that has not solved the task
     assert not anchor.active and torch.equal(flat_parameters(anchor.model), before)
-    anchor.keep(agent, 0.96)
+    anchor.keep(agent, 0.96, state)
     assert anchor.active and torch.equal(flat_parameters(anchor.model), flat_parameters(agent))
     assert not any(p.requires_grad for p in anchor.model.parameters())
 
@@ -276,11 +279,11 @@ def test_an_anchor_holds_the_policy_while_the_critic_reshapes_the_core():
         torch.manual_seed(1)
         for _ in range(50):
             if renewed or not anchor.active:
-                anchor.keep(agent, 1.0)
+                anchor.keep(agent, 1.0, state)
             logits, values, _ = agent(obs, state, starts)
             loss = 0.5 * (values - torch.randn(B, T)).pow(2).mean()  # the critic's noise
-            with torch.no_grad():
-                anchor_logits = anchor.model(obs, state, starts)[0]
+            anchor.state = state  # (the same unroll each time)
+            anchor_logits = anchor.policy(obs, starts, None)
             loss = loss + anchor_coef * policy_kl(logits, anchor_logits).mean()
             optimizer.zero_grad()
             loss.backward()
@@ -291,6 +294,71 @@ def test_an_anchor_holds_the_policy_while_the_critic_reshapes_the_core():
     assert free > 0.5
     assert drift(1.0) < 0.2 * free
     assert drift(1.0, renewed=True) > 0.8 * free
+
+
+def act_for(agent: ActorCritic, obs: torch.Tensor, state) -> tuple[torch.Tensor, object]:
+    """The agent's logits over the steps of ``obs`` (B, T, ...) in step mode from ``state``
+    (no episode starts), and the state after them."""
+    logits = []
+    continuing = torch.zeros(obs.shape[0], dtype=torch.bool)
+    with torch.no_grad():
+        for t in range(obs.shape[1]):
+            out = agent.core.step(agent.encode(obs[:, t], continuing), state, continuing)
+            logits.append(agent.policy(out.hidden))
+            state = out.state
+    return torch.stack(logits, 1), state
+
+
+def nudged(agent: ActorCritic, scale: float = 0.05) -> ActorCritic:
+    """``agent`` with its weights moved by ``scale`` N(0, 1), as an update moves them."""
+    with torch.no_grad():
+        for p in agent.parameters():
+            p.add_(scale * torch.randn_like(p))
+    return agent
+
+
+@pytest.mark.parametrize("kind", [*kind_names(), *RECURRENT_KINDS])
+def test_learning_after_an_update_reads_carried_memories_as_acting_does(kind):
+    """After an update the learner reads the carried memories' keys, values and spans with the
+    new weights (block mode with gradients recomputes them); acting, from the memory refreshed
+    with those weights, reads them alike: acting equals learning to float error."""
+    B, T = 3, 6
+    agent = make_agent(kind)
+    obs = torch.as_tensor(np.random.default_rng(0).integers(0, 2, (B, 3 * T, *OBS_SHAPE)))
+    _, carried = act_for(agent, obs[:, : 2 * T].to(torch.uint8), agent.initial_state(B))
+    nudged(agent)
+    unroll = obs[:, 2 * T :].to(torch.uint8)
+    continuing = torch.zeros(B, T, dtype=torch.bool)
+    refreshed = agent.core.refresh(carried)
+    acting, _ = act_for(agent, unroll, refreshed)
+    learning = agent(unroll, refreshed, continuing)[0]  # gradients on, as the learner
+    torch.testing.assert_close(acting, learning.detach(), atol=1e-5, rtol=1e-5)
+    if kind not in RECURRENT_KINDS:  # stale keys and values read otherwise
+        stale, _ = act_for(agent, unroll, carried)
+        assert (stale - learning).abs().max() > 1e-3
+
+
+def test_the_anchor_reads_its_own_memory():
+    """The anchor's policy over an unroll is the anchor acting step by step from its own
+    memory (its weights' keys, values and spans), not the agent's memory read with the
+    agent's cached keys; and the memory it carries on is what its own passes wrote."""
+    B, T = 3, 6
+    agent = make_agent("expire_span")
+    obs = torch.as_tensor(np.random.default_rng(1).integers(0, 2, (B, 4 * T, *OBS_SHAPE)))
+    obs = obs.to(torch.uint8)
+    _, carried = act_for(agent, obs[:, :T], agent.initial_state(B))
+    anchor = PolicyAnchor(agent, solved=0.95)
+    nudged(agent)  # the agent the anchor was kept from acted (and wrote memories) before
+    anchor.keep(agent, 1.0, carried)
+    nudged(agent)  # and the agent moves on
+    continuing = torch.zeros(B, T, dtype=torch.bool)
+    own = anchor.state  # the anchor's memory as its acting would carry it
+    for k in (1, 2, 3):
+        unroll = obs[:, k * T : (k + 1) * T]
+        expected, own = act_for(anchor.model, unroll, own)
+        torch.testing.assert_close(anchor.policy(unroll, continuing, None), expected)
+        assert (agent(unroll, carried, continuing)[0].detach() - expected).abs().max() > 1e-3
+        _, carried = act_for(agent, unroll, agent.core.refresh(carried))
 
 
 @pytest.mark.parametrize("kind", [*kind_names(), *RECURRENT_KINDS])

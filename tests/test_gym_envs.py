@@ -171,3 +171,65 @@ def test_the_default_agent_learns_repeat_previous(tmp_path):
     lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
     assert lines[-1]["step"] == 96000
     assert lines[0]["return"] < 0 and lines[-1]["mmer"] >= 0.5
+
+
+@pytest.mark.parametrize("vectorization", ["sync", "auto"], ids=["same_step", "next_step"])
+def test_a_truncated_episode_bootstraps_from_its_final_observation(
+    tmp_path, monkeypatch, vectorization
+):
+    """ConstantReward-v0 pays 1 per step until a step limit of 4 cuts it: its true value is
+    1 / (1 - gamma) = 5 in every state. With a critic that says so, every value target of the
+    first unroll is 5 when truncated steps bootstrap from V(final observation); treating the
+    limit as the end would give 1 + 0 at each episode's last step. Both autoreset modes:
+    Gymnasium's sync vector env resetting in the same step (`info["final_obs"]`), and the
+    env's own vector env resetting in the next (auto)."""
+    train_rl = load_script("train_rl")
+    monkeypatch.chdir(tmp_path)
+    build_agent = train_rl.build_agent
+
+    def true_critic(*args):
+        agent = build_agent(*args)
+        torch.nn.init.zeros_(agent.value.weight)
+        torch.nn.init.constant_(agent.value.bias, 5.0)
+        return agent
+
+    targets = []
+
+    def spied_advantages(rewards, *args):
+        advantages, returns = generalized_advantages(rewards, *args)
+        targets.append(returns[rewards == 1])  # (a next-step env's reset steps pay 0)
+        return advantages, returns
+
+    generalized_advantages = train_rl.generalized_advantages
+    monkeypatch.setattr(train_rl, "build_agent", true_critic)
+    monkeypatch.setattr(train_rl, "generalized_advantages", spied_advantages)
+    cfg = compose_rl(
+        [
+            "env=gym",
+            "env.id=fake_envs:ConstantReward-v0",
+            f"env.vectorization={vectorization}",
+            "agent.gamma=0.8",
+            *TINY_RUN,
+            *TINY_MEMORY,
+            f"total_steps={STEPS_PER_UPDATE}",
+            "eval.after_training=false",
+        ]
+    )
+    train_rl.train(cfg, None)
+    assert train_rl.resets_next_step(train_rl.make_envs(cfg.env, 2)) == (vectorization == "auto")
+    (returns,) = targets
+    assert returns.numel() >= STEPS_PER_UPDATE * 3 // 4
+    torch.testing.assert_close(returns, torch.full_like(returns, 5.0))
+
+
+def test_cartpole_runs_on_its_own_vector_env(tmp_path):
+    """CartPole-v1 registers a vector env of its own, which takes no autoreset_mode and resets
+    in the next step: the default vectorisation uses it and trains."""
+    cfg = compose_rl(["env=gym", "env.id=CartPole-v1"])
+    train_rl = load_script("train_rl")
+    vec_env = train_rl.make_envs(cfg.env, 4)
+    assert type(vec_env).__name__ == "CartPoleVectorEnv" and train_rl.resets_next_step(vec_env)
+    result = run(["env=gym", "env.id=CartPole-v1", *TINY_RUN, *TINY_MEMORY, TWO_UPDATES], tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]
+    assert len(lines) == 2 and lines[-1]["return"] > 0

@@ -47,6 +47,7 @@ from training.config import (
 from training.distributed import (
     DistInfo,
     all_gather_object,
+    all_reduce_max,
     all_reduce_mean,
     broadcast_object,
     cleanup_distributed,
@@ -73,7 +74,13 @@ from training.run_dir import (
     get_run_dir,
     save_resolved_config,
 )
-from training.seeding import rank_seed, restore_rng_state, rng_state, seed_everything
+from training.seeding import (
+    eval_seed,
+    rank_seed,
+    restore_rng_state,
+    rng_state,
+    seed_everything,
+)
 
 __all__ = [
     "BEST_CHECKPOINT_FILE",
@@ -85,6 +92,7 @@ __all__ = [
     "MetricsLogger",
     "SpanStats",
     "all_gather_object",
+    "all_reduce_max",
     "all_reduce_mean",
     "atomic_open",
     "broadcast_object",
@@ -105,6 +113,7 @@ __all__ = [
     "get_run_dir",
     "load_checkpoint",
     "progress_bar",
+    "eval_seed",
     "rank_seed",
     "read_metrics",
     "resolve_device",

@@ -135,6 +135,15 @@ def all_reduce_mean(metrics: Mapping[str, Any], dist: DistInfo) -> dict[str, flo
     }
 
 
+def all_reduce_max(value: float, dist: DistInfo) -> float:
+    """The largest of one scalar over ranks."""
+    if not dist.is_distributed:
+        return value
+    largest = torch.tensor([value], dtype=torch.float64, device=dist.device)
+    torch_dist.all_reduce(largest, op=torch_dist.ReduceOp.MAX)
+    return float(largest)
+
+
 def all_gather_object(obj: Any, dist: DistInfo) -> list[Any]:
     """Collect one picklable object from every rank, in rank order (e.g. per-rank RNG states)."""
     if not dist.is_distributed:

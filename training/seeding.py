@@ -23,6 +23,17 @@ def rank_seed(seed: int, rank: int) -> int:
     return seed + rank * RANK_SEED_STRIDE
 
 
+# Evaluation seeds its environments with seed + EVAL_SEED_OFFSET (+ i for env i): past every
+# training seed of a job of fewer than 1000 ranks, so evaluation plays layouts training never
+# started from.
+EVAL_SEED_OFFSET = 1000 * RANK_SEED_STRIDE
+
+
+def eval_seed(seed: int) -> int:
+    """The seed evaluation starts its environments from, in a run started with `seed`."""
+    return seed + EVAL_SEED_OFFSET
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and PyTorch's (CPU and CUDA) global generators."""
     random.seed(seed)
