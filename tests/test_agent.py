@@ -118,6 +118,25 @@ def test_solved_task_noise_is_not_blown_up_by_the_returns_scale():
     assert normalised(noise, returns, "returns").std().item() == pytest.approx(0.02 / 0.9, rel=0.1)
 
 
+def test_default_advantages_are_unit_size_on_any_reward():
+    """The default scaling sizes the policy gradient alike on dense rewards (1 per step, returns
+    near 1 / (1 - gamma), as CartPole's) and sparse ones (0.01 now and then), and adding a
+    constant to the rewards (with a critic that learned it: the same advantages, returns
+    shifted by c / (1 - gamma)) changes nothing."""
+    scale = OmegaConf.load(ROOT / "configs" / "agent" / "ppo.yaml").advantage_scale
+    rng = torch.Generator().manual_seed(0)
+    values = torch.randn(8, 100, generator=rng)
+    dones = (torch.rand(8, 100, generator=rng) < 0.02).float()
+    sparse = 0.01 * (torch.rand(8, 100, generator=rng) < 0.1).float()
+    for rewards in (torch.ones(8, 100), sparse):
+        advantages, returns = generalized_advantages(
+            rewards, values, dones, torch.zeros(8), 0.99, 0.95
+        )
+        scaled = normalised(advantages, returns, scale)
+        assert scaled.std().item() == pytest.approx(1.0)
+        torch.testing.assert_close(normalised(advantages, returns + 100.0, scale), scaled)
+
+
 def test_span_parameters_get_their_own_learning_rate():
     for kind, count in (("expire_span", 4), ("adaptive_span", 2), ("transformer_xl", 0)):
         core = MemoryTransformer(MemoryConfig(kind=kind, dim=16, num_heads=2, ffn_dim=32))

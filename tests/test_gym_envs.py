@@ -15,6 +15,7 @@ import pytest
 import torch
 from fake_envs import FLOAT_VALUE
 from hydra import compose, initialize_config_dir
+from learning import curves, train_on_seeds
 from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RUN
 
 from agents.encoders import FlatEncoder
@@ -160,17 +161,14 @@ def test_popgym_runs_from_the_command_line(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym is not installed")
-def test_the_default_agent_learns_repeat_previous(tmp_path):
+def test_the_default_agent_learns_repeat_previous_on_most_seeds(tmp_path):
     """The default agent (expire_span, PPO 8 x 8, 32 environments) on POPGym's
-    RepeatPreviousEasy from the command line: a random policy's return is about -0.5. Measured
-    on one shared CPU core (about 2,000 steps/s): -0.40 at 32k steps, 0.80 at 64k, 0.96 at 96k,
-    in about 50 s; the threshold leaves a wide margin."""
+    RepeatPreviousEasy from the command line, seeds 0-2 side by side: a random policy's return
+    is about -0.5; at least two of the three reach an MMER of 0.5 within 96k steps."""
     args = ["env=popgym", "total_steps=96000", "log_interval=2", "wandb.mode=disabled"]
-    result = run([*args, "eval.after_training=false"], tmp_path / "run")
-    assert result.returncode == 0, result.stderr
-    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
-    assert lines[-1]["step"] == 96000
-    assert lines[0]["return"] < 0 and lines[-1]["mmer"] >= 0.5
+    lines = train_on_seeds([*args, "eval.after_training=false"], (0, 1, 2), tmp_path)
+    assert all(run[-1]["step"] == 96000 and run[0]["return"] < 0 for run in lines.values())
+    assert sum(run[-1]["mmer"] >= 0.5 for run in lines.values()) >= 2, curves(lines, "return")
 
 
 @pytest.mark.parametrize("vectorization", ["sync", "auto"], ids=["same_step", "next_step"])
