@@ -14,9 +14,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from learning import curves, train_on_seeds
 from omegaconf import OmegaConf
-from tiny_rl import STEPS_PER_UPDATE, TINY_RL
+from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RL, TINY_RUN
 
+from agents import RECURRENT_KINDS
+from memory import kind_names
 from scripts import load_script, record_closing
+from training import rank_seed
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -374,6 +377,72 @@ def test_the_default_agent_solves_the_short_corridor_on_most_seeds(tmp_path):
 
     assert sum(solved(run) for run in lines.values()) >= 2, curves(lines, "success")
     assert all(run[-1]["memory_size"] < 20 for run in lines.values()), curves(lines, "memory_size")
+
+
+@pytest.mark.parametrize("memory", [*kind_names(), *RECURRENT_KINDS])
+def test_every_update_starts_from_the_policy_that_acted(tmp_path, memory):
+    """Corridors of 20-30 steps and unrolls of 10: most memories an unroll reads were written
+    in earlier unrolls, under earlier weights (a large rate moves them far). The first
+    minibatch of every unroll, before its first update, must find the policy that acted:
+    behaviour_ratio_error, the largest |pi_learner / pi_acting - 1| of an interval, stays at
+    float error (2e-4 to 1e-3 when carried memories keep the keys, values and spans they were
+    written with)."""
+    core = TINY_MEMORY if memory in kind_names() else ["memory.dim=16"]
+    args = [*TINY_RUN, *core, f"memory={memory}", "env.min_length=20", "env.max_length=30"]
+    args += ["agent.lr=5e-3", f"total_steps={6 * STEPS_PER_UPDATE}"]
+    assert run(args, tmp_path).returncode == 0
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    errors = [json.loads(line)["behaviour_ratio_error"] for line in lines]
+    assert len(errors) == 6 and max(errors) < 1e-4, errors
+
+
+def test_logged_losses_are_means_over_every_minibatch_of_the_interval(tmp_path, monkeypatch):
+    """PPO takes epochs x minibatches gradient steps per unroll; the logged losses are the means
+    over all of them (two updates of 8 x 2 here), not the last minibatch's."""
+    train_rl = load_script("train_rl")
+    monkeypatch.chdir(tmp_path)
+    taken, learner_loss = [], train_rl.learner_loss
+
+    def spied_loss(*args):
+        terms = learner_loss(*args)
+        taken.append((terms.policy.item(), terms.value.item(), terms.entropy.item()))
+        return terms
+
+    monkeypatch.setattr(train_rl, "learner_loss", spied_loss)
+    overrides = [*TINY_RL, "log_interval=2", f"total_steps={2 * STEPS_PER_UPDATE}"]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[*overrides, "eval.after_training=false"])
+    train_rl.train(cfg, None)
+    (logged,) = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert len(taken) == 2 * cfg.agent.epochs * cfg.agent.minibatches
+    for index, key in enumerate(("policy_loss", "value_loss", "entropy")):
+        mean = sum(terms[index] for terms in taken) / len(taken)
+        assert logged[key] == pytest.approx(mean, rel=1e-5, abs=1e-7)
+        assert logged[key] != pytest.approx(taken[-1][index], rel=1e-3)
+
+
+def test_evaluation_plays_layouts_training_never_started_from(monkeypatch):
+    """Training env i of rank r starts from seed + r * stride + i; evaluation's envs start
+    from seeds none of those reach (torchrun jobs of up to 8 ranks of 1024 envs here)."""
+    train_rl = load_script("train_rl")
+    seeds, make_envs = [], train_rl.make_envs
+
+    def spied_envs(*args):
+        vec_env = make_envs(*args)
+        reset = vec_env.reset
+        vec_env.reset = lambda seed=None, **kwargs: (seeds.append(seed), reset(seed=seed))[1]
+        return vec_env
+
+    monkeypatch.setattr(train_rl, "make_envs", spied_envs)
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[*TINY_RL, "eval.episodes=4", "seed=3"])
+    single = train_rl.make_single_env(cfg.env)
+    agent = train_rl.build_agent(cfg, single.observation_space, single.action_space)
+    train_rl.evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
+    (first,) = seeds
+    evaluated = {first + i for i in range(cfg.eval.num_envs)}
+    trained = {rank_seed(cfg.seed, rank) + i for rank in range(8) for i in range(1024)}
+    assert not evaluated & trained
 
 
 @pytest.fixture(scope="module")
