@@ -294,16 +294,16 @@ def final_values(
     agent: ActorCritic,
     vec_env: gym.vector.VectorEnv,
     final_obs: np.ndarray,
-    ended: np.ndarray,
+    truncated: np.ndarray,
     state: Any,
     previous: tuple[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
-    """The values of the final observations ``final_obs`` of the episodes ``ended`` (B,) that a
-    step limit truncated, each read with the memory ``state`` it had before its env reset."""
+    """The values of the final observations ``final_obs`` of the episodes ``truncated`` (B,) by
+    a step limit, each read with the memory ``state`` it had before its env reset."""
     space = vec_env.single_observation_space
     obs = concatenate(space, list(final_obs), create_empty_array(space, len(final_obs)))
     device = previous[1].device
-    index = torch.as_tensor(np.flatnonzero(ended), device=device)
+    index = torch.as_tensor(np.flatnonzero(truncated), device=device)
     continuing = torch.zeros(len(index), dtype=torch.bool, device=device)
     chosen = tuple(x[index] for x in previous)
     # (greedy: no sample is drawn, so the random streams are those of a run without limit)
@@ -453,7 +453,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         action_shape = vec_env.single_action_space.shape  # (components,) for MultiDiscrete
         actions = torch.zeros((B, T, *action_shape), dtype=torch.long, device=device)
         log_probs, values, rewards, dones = (torch.zeros((B, T), device=device) for _ in range(4))
-        # gamma V(final observation) of the steps that truncated an episode (else 0)
+        # V(final observation) of the steps that truncated an episode (else 0)
         truncation_values = torch.zeros((B, T), device=device)
         starts = torch.zeros((B, T), dtype=torch.bool, device=device)
         # False for the reset steps of a next-step env: their action was not taken
