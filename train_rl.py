@@ -284,6 +284,18 @@ def resets_next_step(vec_env: gym.vector.VectorEnv) -> bool:
     return mode == AutoresetMode.NEXT_STEP
 
 
+def after_step(
+    ended: np.ndarray, resetting: np.ndarray, next_step: bool
+) -> tuple[np.ndarray, np.ndarray]:
+    """Which envs start an episode with the next step, and which envs' next step is a reset
+    step (the action not taken), after a step that ended the episodes ``ended`` and was a
+    reset step for ``resetting``: a same-step env starts the next episode at once, a
+    next-step env one step later."""
+    if next_step:
+        return resetting, ended
+    return ended, resetting
+
+
 def episode_info(info: dict, next_step: bool) -> dict:
     """The info of the episodes that ended in a step: ``final_info`` when the envs reset in
     the same step, the step's own info when they reset in the next."""
@@ -511,7 +523,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 ended = terminated | truncated
                 stats.record(reward, ended, episode_info(info, next_step), counted=~resetting)
                 reward = torch.as_tensor(reward, dtype=torch.float32, device=device)
-                cut = truncated & ~terminated if bootstrap_truncated else np.zeros(B, dtype=bool)
+                cut = truncated & ~terminated & bootstrap_truncated
                 if next_step:  # bootstrapped from the reset step's value, after the unroll
                     truncation_values[:, t] = torch.as_tensor(cut, device=device)
                 elif cut.any():
@@ -521,11 +533,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 rewards[:, t] = reward
                 dones[:, t] = torch.as_tensor(ended | resetting, device=device)
                 state, obs, previous = out.state, to_device(next_obs, device), (action, reward)
-                if next_step:  # the step after an episode's end resets the env
-                    episode_start = torch.as_tensor(resetting, device=device)
-                    resetting = ended
-                else:
-                    episode_start = torch.as_tensor(ended, device=device)
+                starting, resetting = after_step(ended, resetting, next_step)
+                episode_start = torch.as_tensor(starting, device=device)
             # The bootstrap value (its state is not kept).
             _, _, bootstrap_value, _ = agent.act(obs, state, episode_start, previous)
             if next_step:  # a reset step acted on the final observation of the episode before
@@ -830,8 +839,8 @@ def evaluate_agent(
         done = terminated | truncated
         stats.record(reward, done, episode_info(info, next_step), counted=~resetting)
         obs = to_device(next_obs, device)
-        episode_start = torch.as_tensor(resetting if next_step else done, device=device)
-        resetting = done if next_step else resetting
+        starting, resetting = after_step(done, resetting, next_step)
+        episode_start = torch.as_tensor(starting, device=device)
         previous = (action, torch.as_tensor(reward, dtype=torch.float32, device=device))
     vec_env.close()
     finished = stats.finished  # (summary() forgets them)

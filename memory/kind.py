@@ -214,15 +214,19 @@ class MemoryKind(nn.Module):
         """The memory with every stored memory's key, value and span recomputed from its h_i
         with the current weights: what block mode with gradients reads (``extend``), so that
         acting from the refreshed memory and learning from it see one policy."""
-        parts = {}
-        for name, part in memory.parts.items():
-            if isinstance(part, SlotStore):
-                old = part.view()
-                keys, values = attention.key_value(old.hidden)
-                span = self.span(old.hidden, old.position, memory) if old.span is not None else None
-                part = SlotStore.of(Slots(old.hidden, keys, values, old.position, span))
-            parts[name] = part
+        parts = {
+            name: SlotStore.of(self.recomputed(attention, part.view(), memory))
+            for name, part in memory.parts.items()
+            if isinstance(part, SlotStore)
+        }
         return memory.replace(**parts)
+
+    def recomputed(self, attention: MemoryAttention, slots: Slots, memory: LayerMemory) -> Slots:
+        """``slots`` with keys, values and spans (where stored) computed from their h_i with the
+        current weights."""
+        keys, values = attention.key_value(slots.hidden)
+        span = None if slots.span is None else self.span(slots.hidden, slots.position, memory)
+        return Slots(slots.hidden, keys, values, slots.position, span)
 
     def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         """Which memories a query at ``time`` in an episode begun at ``begin`` (B,) can see."""
@@ -251,9 +255,7 @@ class MemoryKind(nn.Module):
             return store.view(), store
         old = store.view()
         if call.recompute:  # so gradients reach W_k, W_v and the span predictor through them
-            keys, values = attention.key_value(old.hidden)
-            span = self.span(old.hidden, old.position, memory)
-            old = Slots(old.hidden, keys, values, old.position, span)
+            old = self.recomputed(attention, old, memory)
         return old.cat(new), store
 
     def delete(self, slots: Slots, call: Call, alive: Alive) -> SlotStore:
