@@ -77,6 +77,7 @@ from training import (
     check_run_dir_argument,
     check_wandb_config,
     check_whole,
+    describe_preset,
     eval_seed,
     exit_on_config_error,
     gather_rank_states,
@@ -120,6 +121,7 @@ INTERVAL_MEANS = ("memory_size", *LOSS_KEYS, "approx_kl", "epochs")
 # The largest |pi_learner / pi_acting - 1| of any unroll's first minibatch, before its first
 # update: 0 up to float error when the learner starts from the policy that acted.
 BEHAVIOUR_RATIO_ERROR = "behaviour_ratio_error"
+CONFIGS = Path(__file__).parent / "configs"
 EVAL_FILE = "eval.json"  # a finished run's evaluation (eval.after_training)
 CURVES_FILE = "curves.png"  # and its learning curves
 
@@ -407,6 +409,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
     with ExitStack() as resources:  # closed on every way out, exceptions included
         dist, run_dir = start_run(resources, cfg, checkpoint)
+        if dist.is_main:
+            log.info(describe_preset(cfg, CONFIGS))
         seed_everything(rank_seed(cfg.seed, dist.rank))
         B, T = cfg.num_envs, cfg.unroll_len
         steps_per_update = B * T * dist.world_size
@@ -907,6 +911,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
-    configs = Path(__file__).parent / "configs"  # checked before Hydra writes anything:
-    exit_on_config_error(check_run_dir_argument)(sys.argv[1:], configs, "rl", check_config)
+    # checked before Hydra writes anything:
+    exit_on_config_error(check_run_dir_argument)(sys.argv[1:], CONFIGS, "rl", check_config)
     main()

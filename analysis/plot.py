@@ -5,9 +5,11 @@
 Each SWEEP_DIR is a Hydra `-m` sweep (SWEEP_DIR/<job number>/config.yaml, metrics.jsonl),
 a single run directory, or a directory holding several of either. Writes to OUT_DIR:
 
-- runs.csv: one row per run, its final metric, memory size and training time;
+- runs.csv: one row per run, its final metric, memory size, training time, last return and
+  whether it held what it learned;
 - settings.csv: one row per setting, i.e. runs that differ only in their seed, with the mean
-  and standard deviation of their final metric, memory size and training time;
+  and standard deviation of their final metric, memory size, training time and last return,
+  and how many of its runs held;
 - one PNG per task, e.g. corridor_success.png: every run a faint point, every setting its
   mean with one-standard-deviation error bars; the settings of a memory kind that differ
   only in their span (e.g. Transformer-XL at several spans) are joined by a line;
@@ -28,6 +30,11 @@ validation metrics, `memory_size` otherwise. The metric is `success` on Corridor
 validation bits per byte on enwik8/text and validation accuracy (or error) on other LM tasks.
 A run's training time is the sum of its logged intervals (steps over steps per second; RL
 runs only): checkpoints and evaluations are not counted.
+
+An RL run's last return is its last logged interval `return`. It *held* what it learned if no
+interval after its best (the first, if tied) is more than HOLD_TOLERANCE below it, in the
+metric's units (higher is better), judged on the metric's own series, or for MMER on the
+`return` series MMER is the running maximum of; LM runs leave both unknown.
 """
 
 from __future__ import annotations
@@ -57,6 +64,8 @@ MEMORY_SIZE = "memory_size"
 EVAL_PREFIXES = ("valid_", "test_")  # metrics from full evaluation passes: the last one counts
 RUNNING_MAXIMA = ("mmer",)  # the best so far: the last one counts too
 TEXT_TASKS = ("enwik8", "text")
+RETURN = "return"  # the interval mean episode return, the series MMER is the maximum of
+HOLD_TOLERANCE = 0.1  # POPGym returns are normalised and success is a rate: a tenth is a real drop
 # Config keys that do not change what a run learns; runs differing only in these (and the
 # seed) are repeats of one setting.
 BOOKKEEPING_KEYS = (
@@ -121,6 +130,8 @@ class RunResult:
     final: float
     memory_size: float | None
     minutes: float | None  # training time, the sum of the logged intervals (RL runs)
+    last_return: float | None  # the last logged interval return (RL runs)
+    held: bool | None  # no interval far below the best after it (RL runs); see held_best
     steps: int  # last logged step
     total_steps: int | None  # the run's config; steps < total_steps: still running or stopped
     config: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)  # flat
@@ -160,6 +171,17 @@ class Setting:
         return _mean_std(times) if times else None
 
     @property
+    def last_return(self) -> tuple[float, float] | None:
+        returns = [run.last_return for run in self.runs if run.last_return is not None]
+        return _mean_std(returns) if returns else None
+
+    @property
+    def held(self) -> tuple[int, int] | None:
+        """How many runs held what they learned, of the runs where that is known."""
+        known = [run.held for run in self.runs if run.held is not None]
+        return (sum(known), len(known)) if known else None
+
+    @property
     def seeds(self) -> list[int]:
         return sorted(run.seed for run in self.runs)
 
@@ -184,6 +206,9 @@ SETTING_COLUMNS = [
     "minutes_mean",
     "minutes_std",
     "steps",
+    "last_return_mean",  # after the older columns, so that older settings.csv files still match
+    "last_return_std",
+    "held",
 ]
 
 
@@ -217,7 +242,8 @@ def find_run_dirs(paths: Sequence[str | os.PathLike]) -> list[Path]:
 
 
 def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) -> RunResult:
-    """A run's final metric and memory size; NotReadyError if it has no usable metrics yet.
+    """A run's row of runs.csv (final metric, memory size, ...); NotReadyError if it has no
+    usable metrics yet.
 
     `last`: how many final logged values to average; by default FINAL_POINTS for metrics
     logged during training and 1 for validation metrics (see the module docstring).
@@ -251,6 +277,8 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
     if last is None:
         last = 1 if chosen.startswith(EVAL_PREFIXES) or chosen in RUNNING_MAXIMA else FINAL_POINTS
     memory_sizes = _series(records, memory_size_key(chosen, records))
+    returns = _series(records, RETURN)
+    learned = _series(records, RETURN if chosen in RUNNING_MAXIMA else chosen)
     return RunResult(
         run_dir=str(run_dir),
         group=group,
@@ -262,6 +290,8 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         final=_mean_of_last(_series(records, chosen), last),
         memory_size=_mean_of_last(memory_sizes, last) if memory_sizes else None,
         minutes=training_minutes(records),
+        last_return=returns[-1] if returns else None,
+        held=None if is_lm or not learned else held_best(learned),
         steps=int(records[-1]["step"]),
         total_steps=OmegaConf.select(cfg, "total_steps"),
         config=_flatten(OmegaConf.to_container(cfg)),
@@ -286,6 +316,13 @@ def training_minutes(records: list[dict[str, Any]]) -> float | None:
         seconds += (record["step"] - previous) / record["sps"]
         previous = record["step"]
     return seconds / 60
+
+
+def held_best(values: Sequence[float]) -> bool:
+    """Whether a learning series kept its best: no value after the best's first occurrence
+    more than HOLD_TOLERANCE below it (a run that peaks then collapses did not hold)."""
+    best = max(values)
+    return all(best - value <= HOLD_TOLERANCE for value in values[values.index(best) + 1 :])
 
 
 def label_settings(results: Sequence[RunResult]) -> list[RunResult]:
@@ -403,11 +440,14 @@ def draw_panel(axes: Axes, settings: Sequence[Setting], logx: bool = False) -> N
 
 
 def markdown_table(settings: Sequence[Setting]) -> str:
-    """The settings of one figure as a markdown table: mean ± standard deviation over seeds."""
+    """The settings of one figure as a markdown table: mean ± standard deviation over seeds;
+    the last return and held columns only for RL runs (LM runs have neither)."""
     metric = settings[0].metric
     with_setting = any(s.setting for s in settings)
+    with_rl = any(s.held is not None or s.last_return is not None for s in settings)
     header = ["memory", "max span", *(["setting"] if with_setting else []), "runs"]
-    header += ["memory size", metric, "steps", "minutes"]
+    header += ["memory size", metric, *(["last return", "held"] if with_rl else [])]
+    header += ["steps", "minutes"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for s in settings:
         label = KIND_STYLES.get(s.kind, (s.kind,))[0]
@@ -415,8 +455,11 @@ def markdown_table(settings: Sequence[Setting]) -> str:
         row += [s.setting] if with_setting else []
         size = "" if s.memory_size is None else _mean_std_text(*s.memory_size, len(s.runs))
         minutes = "" if s.minutes is None else _mean_std_text(*s.minutes, len(s.runs))
-        row += [str(len(s.runs)), size, _mean_std_text(*s.final, len(s.runs)), f"{s.steps:,}"]
-        row.append(minutes)
+        row += [str(len(s.runs)), size, _mean_std_text(*s.final, len(s.runs))]
+        if with_rl:
+            last = "" if s.last_return is None else _mean_std_text(*s.last_return, len(s.runs))
+            row += [last, _held_text(s.held)]
+        row += [f"{s.steps:,}", minutes]
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -438,7 +481,8 @@ def write_settings_csv(settings: Sequence[Setting], path: Path) -> None:
             writer.writerow(
                 [s.group, s.metric, s.kind, s.max_span, s.setting, len(s.runs)]
                 + [" ".join(map(str, s.seeds)), *s.final, *(s.memory_size or ("", ""))]
-                + [*(s.minutes or ("", "")), s.steps]
+                + [*(s.minutes or ("", "")), s.steps, *(s.last_return or ("", ""))]
+                + [_held_text(s.held)]
             )
 
 
@@ -583,6 +627,11 @@ def _mean_std(values: Sequence[float]) -> tuple[float, float]:
 
 def _mean_std_text(mean: float, std: float, count: int) -> str:
     return f"{mean:.3g}" if count == 1 else f"{mean:.3g} ± {std:.2g}"
+
+
+def _held_text(held: tuple[int, int] | None) -> str:
+    """(2, 3) -> "2/3": 2 of the 3 runs where it is known held; "" when unknown."""
+    return "" if held is None else f"{held[0]}/{held[1]}"
 
 
 def _kind_styles(kinds: Iterable[str]) -> dict[str, tuple[str, str, str]]:

@@ -215,7 +215,7 @@ def test_corridor_learner_steps_shrink_once_the_task_is_solved():
     std, Adam) kept taking steps as large as those of learning: on the Corridor those steps
     flipped one case of the door choice (docs/expire-span-dynamics.md)."""
     default = OmegaConf.load(ROOT / "configs" / "agent" / "ppo.yaml")
-    corridor = OmegaConf.load(ROOT / "configs" / "agent_env" / "ppo_corridor.yaml").agent
+    corridor = OmegaConf.load(ROOT / "configs" / "preset_env" / "default_corridor.yaml").agent
     corridor = OmegaConf.merge(default, corridor)
     learning, solved = _policy_steps(corridor, learning=300, solved=1000)
     assert solved < 0.05 * learning

@@ -23,6 +23,7 @@ from analysis.plot import (
     FINAL_POINTS,
     label_settings,
     main,
+    markdown_table,
     plot_panel,
     read_run,
     summarize,
@@ -256,9 +257,12 @@ def test_a_popgym_sweep_is_grouped_by_task_and_memory_kind(tmp_path, capsys):
 
     stdout = capsys.readouterr().out
     assert "popgym-BattleshipEasy-v0, mmer:" in stdout and "popgym-RepeatPreviousEasy-v0" in stdout
-    assert "| memory | max span | runs | memory size | mmer | steps | minutes |" in stdout
+    header = "| memory | max span | runs | memory size | mmer | last return | held | steps |"
+    assert header + " minutes |" in stdout
     minutes = statistics.mean(t for *_, t in expected["popgym-BattleshipEasy-v0", "gru"])
-    assert f"| GRU |  | 2 | 1.5 ± 0.71 | 0.9 ± 0 | 51,200 | {minutes:.3g} ± " in stdout
+    # last returns 0.26 and 0.32 (jobs 6 and 7); neither held: both fall from 0.9 at the end
+    row = f"| GRU |  | 2 | 1.5 ± 0.71 | 0.9 ± 0 | 0.29 ± 0.042 | 0/2 | 51,200 | {minutes:.3g} ± "
+    assert row in stdout
 
 
 @pytest.mark.parametrize(
@@ -312,6 +316,8 @@ def test_lm_validation_pairs_with_the_validation_memory_size(tmp_path):
     make_run(tmp_path / "run", {**cfg, "total_steps": 80}, records)
     result = read_run(tmp_path / "run")
     assert (result.final, result.memory_size, result.steps) == (pytest.approx(1.2), 58.0, 80)
+    assert (result.last_return, result.held) == (None, None)
+    assert "held" not in markdown_table(summarize([result]))
     assert read_run(tmp_path / "run", last=2).memory_size == pytest.approx(56.0)
     assert read_run(tmp_path / "run", metric="train_loss").memory_size == pytest.approx(106.0)
 
@@ -322,6 +328,60 @@ def test_a_single_run_directory_is_accepted_once(tmp_path):
     assert main([str(tmp_path / "run"), str(tmp_path), "--out", str(out)]) == 0
     assert len(read_csv(out / "runs.csv")) == 1
     assert (out / "corridor_success.png").is_file()
+
+
+def popgym_run(run_dir, seed, returns):
+    """A POPGym run logging interval returns and MMER, their running maximum."""
+    cfg = rl_config("gru", None, seed, env="popgym")
+    cfg["env"]["id"] = "popgym:popgym-RepeatPreviousEasy-v0"
+    records = [
+        {"step": 1000 * (i + 1), "return": r, "mmer": max(returns[: i + 1]), "memory_size": 1.0}
+        for i, r in enumerate(returns)
+    ]
+    make_run(run_dir, cfg, records)
+
+
+@pytest.mark.parametrize(
+    ("returns", "held"),
+    [
+        ([0.2, 0.5, 0.8, 0.7, 0.6], False),  # MMER stays at 0.8, the returns do not
+        ([0.2, 0.5, 0.8, 0.75, 0.78], True),  # 0.05 below the best: held
+        ([0.8, 0.6, 0.8], False),  # judged after the best's first occurrence
+    ],
+)
+def test_mmer_runs_are_held_on_their_return_series(tmp_path, returns, held):
+    popgym_run(tmp_path / "run", 0, returns)
+    result = read_run(tmp_path / "run")
+    assert (result.metric, result.final) == ("mmer", 0.8)
+    assert (result.last_return, result.held) == (returns[-1], held)
+
+
+def test_success_runs_are_held_on_their_success_series(tmp_path):
+    records = [
+        {"step": 1000 * (i + 1), "success": s, "return": r, "memory_size": 1.0}
+        for i, (s, r) in enumerate([(0.2, 0.1), (0.9, 0.2), (0.7, 0.3)])
+    ]
+    make_run(tmp_path / "run", rl_config("expire_span", 64, 0), records)
+    result = read_run(tmp_path / "run")
+    assert result.metric == "success"
+    assert (result.last_return, result.held) == (0.3, False)  # the returns alone would hold
+
+
+def test_csvs_give_last_return_and_how_many_seeds_held(tmp_path, capsys):
+    popgym_run(tmp_path / "sweep" / "0", 0, [0.2, 0.5, 0.8, 0.7, 0.6])
+    popgym_run(tmp_path / "sweep" / "1", 1, [0.2, 0.5, 0.8, 0.75, 0.78])
+    out = tmp_path / "out"
+    assert main([str(tmp_path / "sweep"), "--out", str(out), "--markdown"]) == 0
+    runs = read_csv(out / "runs.csv")
+    assert [(row["last_return"], row["held"]) for row in runs] == [
+        ("0.6", "False"),
+        ("0.78", "True"),
+    ]
+    (row,) = read_csv(out / "settings.csv")
+    assert float(row["last_return_mean"]) == pytest.approx(0.69)
+    assert float(row["last_return_std"]) == pytest.approx(statistics.stdev([0.6, 0.78]))
+    assert row["held"] == "1/2"
+    assert "| 0.8 ± 0 | 0.69 ± 0.13 | 1/2 | 5,000 |" in capsys.readouterr().out
 
 
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
@@ -410,12 +470,14 @@ def test_real_sweep_points_and_csv_match_the_metrics_files(real_sweep, tmp_path,
     assert table[:4] == [
         "corridor, success:",
         "",
-        "| memory | max span | runs | memory size | success | steps | minutes |",
-        "|---|---|---|---|---|---|---|",
+        "| memory | max span | runs | memory size | success | last return | held | steps"
+        " | minutes |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     (_, success, memory_size, _) = expected[0]
     cells = [cell.strip() for cell in table[4].strip("|").split("|")]
-    assert cells[:3] == ["Expire-Span", "16", "1"] and cells[5] == "280" and float(cells[6]) > 0
+    assert cells[:3] == ["Expire-Span", "16", "1"] and cells[7] == "280" and float(cells[8]) > 0
+    assert cells[6] == {"True": "1/1", "False": "0/1"}[rows[0]["held"]]
     # three significant digits (compared as numbers: the last digit may round either way)
     for cell, value in zip(cells[3:5], (memory_size, success), strict=True):
         assert len(cell.replace(".", "").lstrip("0")) <= 3

@@ -66,6 +66,7 @@ from training.metrics import (
     start_logging,
     truncate_metrics,
 )
+from training.presets import describe_preset
 from training.progress import progress_bar, set_metrics
 from training.run import gather_rank_states, start_run
 from training.run_dir import (
@@ -107,6 +108,7 @@ __all__ = [
     "check_whole",
     "cleanup_distributed",
     "command_line_overrides",
+    "describe_preset",
     "eval_seed",
     "exit_on_config_error",
     "gather_parameter_digests",
