@@ -21,6 +21,7 @@ from agents.learners import (
     ppo_loss,
 )
 from agents.module_swap import module_group, module_groups, swapped
+from agents.recurrent import RecurrentState
 from analysis.probes import keep_new_memories, success_by_case
 from analysis.span_drift import drift_split
 from memory import MemoryConfig, MemoryTransformer, kind_names, span_parameters
@@ -409,6 +410,39 @@ def test_block_mode_replays_what_step_mode_did(kind):
         torch.testing.assert_close(
             log_probs.squeeze(-1), torch.stack(acted_log_probs, 1), atol=1e-5, rtol=0
         )
+
+
+@pytest.mark.parametrize("kind", RECURRENT_KINDS)
+def test_recurrent_block_mode_equals_a_loop_over_timesteps(kind):
+    """Block mode runs the segments between episode starts as one packed batch: its outputs,
+    the state after the block and the gradients through time must be those of calling the
+    layers one timestep at a time, zeroing the state where an episode starts (two layers;
+    starts at the first step, inside the block, at its last step, and none)."""
+    torch.manual_seed(0)
+    core = RecurrentCore(dim=8, num_layers=2, kind=kind)
+    rnn = getattr(core, kind)
+    B, K = 4, 9
+    x = torch.randn(B, K, 8, requires_grad=True)
+    starts = torch.zeros(B, K, dtype=torch.bool)
+    starts[0, [0, 3, 4]] = True
+    starts[1, K - 1] = True
+    starts[3, [2, 6]] = True
+    state = [torch.randn(2, B, 8) for _ in range(2 if kind == "lstm" else 1)]
+    block = core(x, RecurrentState(*state), starts)
+    outputs, carried = [], state
+    for k in range(K):
+        carried = [s * (~starts[:, k]).float().view(1, B, 1) for s in carried]
+        out, after = rnn(x[:, k : k + 1], tuple(carried) if kind == "lstm" else carried[0])
+        carried = list(after) if kind == "lstm" else [after]
+        outputs.append(out)
+    looped = core.norm(torch.cat(outputs, 1))
+    torch.testing.assert_close(block.hidden, looped, atol=1e-6, rtol=0)
+    for after, expected in zip(block.state, carried, strict=False):
+        torch.testing.assert_close(after, expected.detach(), atol=1e-6, rtol=0)
+    weights = torch.randn_like(looped)
+    (grad_block,) = torch.autograd.grad((block.hidden * weights).sum(), x)
+    (grad_loop,) = torch.autograd.grad((looped * weights).sum(), x)
+    torch.testing.assert_close(grad_block, grad_loop, atol=1e-6, rtol=0)
 
 
 def test_greedy_action_is_the_argmax_and_sampling_follows_the_policy():
