@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import torch
 
+from analysis.runs import LM, require_run_kind
 from lm.collision import (
     NUM_QUADRANTS,
     CollisionRules,
@@ -95,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = load_checkpoint(args.checkpoint)
     if checkpoint is None:
         parser.error(f"{args.checkpoint}: no checkpoint file there")
+    require_run_kind(parser.prog, args.checkpoint, checkpoint.get("config", {}), LM)
     task = dict(checkpoint["config"]["task"])
     if task.pop("name") != "collision" or not task.get("hard", True):
         parser.error(f"{args.checkpoint} is not a model of the hard collision task")

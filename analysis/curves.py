@@ -26,6 +26,7 @@ from omegaconf import OmegaConf
 
 from analysis.plot import KIND_STYLES, PlotError, _series, find_run_dirs
 from analysis.probes import task_metric
+from analysis.runs import RL, require_run_kind, saved_config
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
 
 
@@ -139,12 +140,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PlotError as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
+    configs = {run_dir: saved_config(run_dir) for run_dir in run_dirs}
+    for run_dir, cfg in configs.items():
+        if cfg is not None:
+            require_run_kind(parser.prog, run_dir, cfg, RL)
     runs, rows = [], []
-    for run_dir in run_dirs:
-        if not (run_dir / METRICS_FILE).is_file():
-            print(f"{parser.prog}: skipping {run_dir}: no {METRICS_FILE}", file=sys.stderr)
+    for run_dir, cfg in configs.items():
+        if cfg is None or not (run_dir / METRICS_FILE).is_file():
+            missing = CONFIG_FILE if cfg is None else METRICS_FILE
+            print(f"{parser.prog}: skipping {run_dir}: no {missing}", file=sys.stderr)
             continue
-        cfg = OmegaConf.load(run_dir / CONFIG_FILE)
         records = read_metrics(run_dir / METRICS_FILE)
         metric = task_metric(cfg.env.name, records)
         label = run_label(cfg, args.label)

@@ -57,6 +57,7 @@ from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global 
 from omegaconf import OmegaConf
 
 from analysis.probes import GYM_PATH
+from analysis.runs import LM, run_kind
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
 
 FINAL_POINTS = 5
@@ -254,7 +255,7 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         cfg = OmegaConf.load(run_dir / CONFIG_FILE)
     except yaml.YAMLError as error:
         raise PlotError(f"{run_dir / CONFIG_FILE} is not valid YAML: {error}") from error
-    is_lm = "task" in cfg
+    is_lm = run_kind(cfg) is LM
     name = str(_config_value(cfg, "task.name" if is_lm else "env.name", run_dir))
     group = name
     if not is_lm and name in GYM_PATH:  # "popgym:popgym-RepeatPreviousEasy-v0": the id part

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 from agents.actor_critic import ActorCritic
+from analysis.runs import RL, require_run_kind, saved_config
 from memory.expire_span import SpanPredictor
 from training.checkpoint import kept_checkpoints, load_checkpoint
 
@@ -61,20 +63,26 @@ def first_memories(agent: ActorCritic, observations: torch.Tensor) -> list[torch
     return hidden
 
 
-def main() -> None:
-    from train_rl import build_agent, make_single_env  # the script's builders, as mode=eval
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.span_drift", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--every", type=int, default=1, help="use every K-th kept checkpoint")
     parser.add_argument("--episodes", type=int, default=64, help="first observations drawn")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    config = saved_config(args.run_dir)
+    if config is not None:
+        require_run_kind(parser.prog, args.run_dir, config, RL)
+    from train_rl import build_agent, make_single_env  # the script's builders, as mode=eval
+
     found = kept_checkpoints(args.run_dir)[:: args.every]
     if len(found) < 2:
         parser.error(f"{args.run_dir}: needs two or more checkpoint_<step>.pt (checkpoint_keep)")
     agents, env = [], None
     for _, path in found:
         checkpoint = load_checkpoint(path)
+        require_run_kind(parser.prog, path, checkpoint.get("config", {}), RL)
         cfg = OmegaConf.create(checkpoint["config"])
         if cfg.memory.kind != "expire_span":
             parser.error(f"{path} is a memory={cfg.memory.kind} agent; spans need expire_span")

@@ -27,6 +27,7 @@ from matplotlib import colormaps
 from matplotlib.colors import Normalize, to_hex
 from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global state
 
+from analysis.runs import LM, RunKindError, check_run_kind
 from lm.data import BYTE_VOCAB, TaskDataError
 from lm.instruction import NEWLINE, UNK, tokenize
 from lm.model import LanguageModel, trained_model
@@ -55,11 +56,13 @@ class Passage:
 
 
 def load_model(checkpoint_path: str | Path) -> tuple[LanguageModel, dict, list[str]]:
-    """The trained Expire-Span model (eval mode), its run config and vocabulary."""
+    """The trained Expire-Span model (eval mode), its run config and vocabulary; RunKindError
+    for a checkpoint of train_rl.py."""
     checkpoint = load_checkpoint(checkpoint_path)
     if checkpoint is None:
         raise VisualizeError(f"{checkpoint_path}: no checkpoint file there")
-    config = checkpoint["config"]
+    config = checkpoint.get("config", {})
+    check_run_kind(checkpoint_path, config, LM)
     kind = config["memory"]["kind"]
     if kind != "expire_span":
         raise VisualizeError(
@@ -325,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ids = passage_from_split(config, args.split, args.offset, args.length)
             source_name = f"{config['task']['name']} {args.split}"
         passage = make_passage(model, vocab, ids, byte_level)
-    except VisualizeError as error:
+    except (VisualizeError, RunKindError) as error:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     title = f"Expire-spans per layer: {source_name}, tokens {args.offset}..{args.offset + len(ids)}"

@@ -552,3 +552,21 @@ def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
     assert rows[0].endswith("| 18.0 | yes |")
     assert rows[1].startswith("| Transformer-XL L=50 | 1 |") and rows[1].endswith("| no |")
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_curves_refuses_a_language_model_run_in_one_line(tmp_path):
+    """A train_lm.py run has no env: curves says so and names the tools for it."""
+    lm_config = {"task": {"name": "copy"}, "memory": {"kind": "expire_span"}, "seed": 0}
+    make_run(tmp_path / "lm", lm_config, [{"step": 10, "valid_accuracy": 0.5, "memory_size": 4.0}])
+    result = subprocess.run(
+        [sys.executable, "-m", "analysis.curves", str(tmp_path / "lm")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"python -m analysis.curves: error: {tmp_path / 'lm'} is a language")
+    assert "train_lm.py (task=copy)" in line and "RL runs of train_rl.py" in line
+    assert "analysis.visualize" in line

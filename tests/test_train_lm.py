@@ -18,11 +18,12 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from tiny_rl import STEPS_PER_UPDATE, TINY_RL
 
 from analysis import collision_probe, visualize
 from lm.collision import CollisionRules, baseline_errors, simulate
 from scripts import load_script, record_closing
-from training import ConfigError, DistInfo
+from training import ConfigError, DistInfo, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_FILE = Path(argparse.__file__)  # ~100 kB of English and Python that every Python ships
@@ -491,6 +492,39 @@ def test_collision_probe_refuses_a_model_of_another_task(text_run, capsys):
 
 
 def test_visualization_refuses_models_without_expire_spans(tmp_path, capsys):
-    torch.save({"step": 1, "config": {"memory": {"kind": "transformer_xl"}}}, tmp_path / "ck.pt")
+    config = {"task": {"name": "copy"}, "memory": {"kind": "transformer_xl"}}
+    save_checkpoint(tmp_path, {"step": 1, "config": config}, filename="ck.pt")
     assert visualize.main([str(tmp_path / "ck.pt"), "--split", "valid", "--out", "x"]) == 2
     assert "memory=transformer_xl" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def rl_run(tmp_path_factory):
+    """A one-update train_rl.py run, for the tools that read language models to refuse."""
+    run_dir = tmp_path_factory.mktemp("rl") / "run"
+    args = [*TINY_RL, f"total_steps={STEPS_PER_UPDATE}", "eval.episodes=4"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train_rl.py"), *args, f"hydra.run.dir={run_dir}"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "tool, args",
+    [(visualize, ["--split", "valid", "--out", "spans"]), (collision_probe, [])],
+    ids=["visualize", "collision_probe"],
+)
+def test_language_model_tools_refuse_an_rl_run_in_one_line(tool, args, rl_run, capsys):
+    for given in (rl_run, rl_run / "checkpoint.pt"):
+        with pytest.raises(SystemExit) as stopped:
+            sys.exit(tool.main([str(given), *args]))
+        assert stopped.value.code == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err
+        (line,) = err.splitlines()
+        assert line.startswith(f"python -m {tool.__name__}: error: {given} is ")
+        assert "an RL run of train_rl.py (env=corridor)" in line
+        assert "language-model runs of train_lm.py" in line and "analysis.curves" in line

@@ -19,7 +19,7 @@ from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RL, TINY_RUN
 from agents import RECURRENT_KINDS
 from memory import kind_names
 from scripts import load_script, record_closing
-from training import rank_seed
+from training import rank_seed, save_resolved_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,6 +97,10 @@ def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
         assert process.poll() is None, process.stderr.read().decode()
         assert time.monotonic() < deadline, "the run logged too slowly"
         time.sleep(0.2)
+    for second in ([*args, "resume=true"], [*args, "overwrite=true"]):  # the run is live
+        result = run(second, run_dir)
+        assert result.returncode == 2 and "is in use by process" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     process.send_signal(signal.SIGKILL)
     process.wait()
     killed_at = steps_logged(run_dir)[-1]
@@ -509,3 +513,18 @@ def test_module_swap_evaluates_every_mix_on_the_same_episodes(kept_run):
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert bad.returncode == 2 and "not an agent checkpoint" in bad.stderr
+
+
+def test_span_drift_refuses_a_language_model_run_in_one_line(tmp_path):
+    """A train_lm.py run's config.yaml has a task, not an env: span_drift names the tools for it."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        save_resolved_config(tmp_path, compose("lm", overrides=["task=copy"]))
+    result = subprocess.run(
+        [sys.executable, "-m", "analysis.span_drift", str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith(f"python -m analysis.span_drift: error: {tmp_path} is a language-model")
+    assert "train_lm.py (task=copy)" in line and "RL runs of train_rl.py" in line
+    assert "analysis.visualize" in line

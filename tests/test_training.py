@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import io
 import json
 import math
@@ -58,10 +59,14 @@ from training import (
     start_run,
     thread_count,
 )
+from training.files import DiskFullError
+from training.run_dir import claim_run_dir, refuse_claimed
 
 NO_WANDB = {"wandb": {"mode": "disabled"}}
 
 # --- config validation ---------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_check_choice_names_the_valid_choices():
@@ -237,8 +242,7 @@ def test_keep_last_keeps_the_newest_step_snapshots(tmp_path):
         "checkpoint_40.pt",
     ]
     assert load_checkpoint(tmp_path)["value"] == 100
-    snapshot = torch.load(tmp_path / "checkpoint_40.pt", weights_only=True)
-    assert snapshot == {"value": 40, "step": 40}
+    assert load_checkpoint(tmp_path / "checkpoint_40.pt") == {"value": 40, "step": 40}
 
 
 def test_save_checkpoint_needs_an_integer_step(tmp_path):
@@ -623,3 +627,77 @@ def test_freed_memory_settings_apply_on_glibc_only():
     glibc = platform.libc_ver()[0] == "glibc"
     assert training.host.return_freed_memory() == glibc
     assert training.host.keep_freed_memory() == glibc
+
+
+def test_a_checkpoint_whose_bytes_changed_is_refused_naming_the_kept_snapshot(tmp_path):
+    for step in (10, 20):
+        save_checkpoint(
+            tmp_path, {"weights": torch.arange(4096.0) + step, "step": step}, keep_last=2
+        )
+    path = tmp_path / "checkpoint.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10  # one bit, inside the weights: the file keeps its size
+    path.unlink()  # (the newest snapshot is a hard link of it: keep that one whole)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ConfigError) as error:
+        load_checkpoint(tmp_path)
+    message = str(error.value)
+    assert "does not match its digest" in message and "\n" not in message
+    assert f"newest kept snapshot is {tmp_path / 'checkpoint_20.pt'}" in message
+    assert load_checkpoint(tmp_path / "checkpoint_20.pt")["step"] == 20
+
+
+def _no_space(*args):
+    raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_disk_full_while_checkpointing_is_one_error_naming_the_intact_checkpoint(
+    tmp_path, monkeypatch
+):
+    save_checkpoint(tmp_path, {"weights": torch.arange(4.0), "step": 100})
+    monkeypatch.setattr(os, "fsync", _no_space)
+    with pytest.raises(DiskFullError) as error:
+        save_checkpoint(tmp_path, {"weights": torch.zeros(4), "step": 200})
+    monkeypatch.undo()
+    path = tmp_path / "checkpoint.pt"
+    assert f"{path}, the last complete checkpoint, is intact" in str(error.value)
+    assert load_checkpoint(tmp_path)["step"] == 100
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt"]
+
+
+def test_disk_full_while_logging_metrics_is_one_error(tmp_path, monkeypatch):
+    cfg = OmegaConf.create({"wandb": {"mode": "disabled"}})
+    with MetricsLogger(tmp_path, cfg) as logger:
+        logger.log({"loss": 1.0}, step=1)
+        monkeypatch.setattr(os, "fsync", _no_space)
+        with pytest.raises(DiskFullError, match="no space left on the device of .*metrics.jsonl"):
+            logger.log({"loss": 0.5}, step=2)
+        monkeypatch.undo()
+
+
+def test_a_run_directory_belongs_to_one_live_process(tmp_path):
+    """A second process is refused, naming the holder; once the holder is killed its claim
+    is gone and the directory can be claimed (a resume after a crash)."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from training.run_dir import claim_run_dir; claim_run_dir({str(tmp_path)!r}); "
+            "print('claimed', flush=True); import time; time.sleep(60)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        with pytest.raises(ConfigError, match=f"in use by process {holder.pid} on "):
+            claim_run_dir(tmp_path)
+        with pytest.raises(ConfigError, match=f"in use by process {holder.pid} on "):
+            refuse_claimed(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+    refuse_claimed(tmp_path)
+    claim_run_dir(tmp_path)  # the killed holder's claim left nothing behind
+    assert str(os.getpid()) in (tmp_path / ".run.lock").read_text()

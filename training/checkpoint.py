@@ -7,12 +7,16 @@ checkpoints as `checkpoint_<step>.pt` (no extra disk space for the newest one).
 
 Checkpoints hold tensors and plain Python values only (state dicts of modules and
 optimizers, numbers, strings, lists, dicts; see `training.seeding.rng_state`), so they
-load with `torch.load(weights_only=True)`. `save_checkpoint` checks this up front.
+load with `torch.load(weights_only=True)`. `save_checkpoint` checks this up front, and adds
+"sha256", a digest of the contents that `load_checkpoint` checks: a file whose bytes changed
+after it was written (a disk or copy error) is refused rather than loaded.
 """
 
 from __future__ import annotations
 
 import collections
+import hashlib
+import io
 import os
 import pickle
 import re
@@ -28,11 +32,12 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from training.config import ConfigError
-from training.files import atomic_open, remove_orphans
+from training.files import atomic_open, remove_orphans, reporting_disk_full
 from training.metrics import METRICS_FILE
-from training.run_dir import command_line_overrides, get_run_dir
+from training.run_dir import claim_run_dir, command_line_overrides, get_run_dir, refuse_claimed
 
 CHECKPOINT_FILE = "checkpoint.pt"
+DIGEST_KEY = "sha256"  # the checkpoint's digest of the rest of its contents (content_digest)
 BEST_CHECKPOINT_FILE = "best.pt"  # the model at the best logged task metric (for evaluation)
 _SNAPSHOT = re.compile(r"checkpoint_(\d+)\.pt")
 # Config fields a resumed run takes from the command line; the saved run's config wins for
@@ -77,10 +82,18 @@ def save_checkpoint(
         raise ValueError(f"keep_last={keep_last} must be >= 0")
     state = dict(state)
     _check_loadable(state, "state")
+    state[DIGEST_KEY] = content_digest(state)
     run_dir = Path(run_dir)
     path = run_dir / filename
-    with atomic_open(path, "wb") as file:
-        torch.save(state, file)
+    contents = io.BytesIO()  # serialised first, so a full disk fails in our own write
+    torch.save(state, contents)
+    intact = (
+        f"{path}, the last complete checkpoint, is intact: free space, then resume=true"
+        if path.exists()
+        else "no checkpoint of this run was complete yet"
+    )
+    with reporting_disk_full(path, intact), atomic_open(path, "wb") as file:
+        file.write(contents.getbuffer())
     if keep_last:
         remove_orphans(run_dir, "checkpoint_*.pt")  # snapshots are written once, by name
         _snapshot(path, run_dir / f"checkpoint_{step}.pt")
@@ -111,12 +124,58 @@ def load_checkpoint(path: str | os.PathLike, *, map_location: Any = "cpu") -> di
     if not path.is_file():
         return None
     try:
-        return torch.load(path, map_location=map_location, weights_only=True)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except (KeyError, RuntimeError, EOFError, pickle.UnpicklingError) as error:
         raise ConfigError(
             f"{path} cannot be read as a checkpoint ({type(error).__name__}): it is truncated, "
-            "or not a checkpoint file"
+            f"or not a checkpoint file{_older_snapshot(path)}"
         ) from None
+    digest = checkpoint.pop(DIGEST_KEY, None) if isinstance(checkpoint, dict) else None
+    if digest != content_digest(checkpoint):
+        problem = "has no digest" if digest is None else "does not match its digest"
+        raise ConfigError(
+            f"{path} {problem}: its contents are not what was saved (a disk or copy error, or "
+            f"not this project's checkpoint){_older_snapshot(path)}"
+        )
+    return checkpoint
+
+
+def _older_snapshot(path: Path) -> str:
+    """Where to resume from instead of a damaged `path`: its run's newest kept snapshot, if
+    checkpoint_keep kept one (said as a clause of an error message)."""
+    if path.name != CHECKPOINT_FILE:
+        return ""
+    kept = [snapshot for _, snapshot in kept_checkpoints(path.parent) if snapshot != path]
+    if not kept:
+        return ""
+    return f"; the newest kept snapshot is {kept[-1]}: copy it over {path} to resume from it"
+
+
+def content_digest(value: Any) -> str:
+    """A SHA-256 of a checkpoint's contents: every key, plain value and tensor (dtype, shape
+    and bytes), in order; what the file's bytes decode to, not the bytes themselves."""
+    digest = hashlib.sha256()
+    _feed(digest, value)
+    return digest.hexdigest()
+
+
+def _feed(digest: Any, value: Any) -> None:
+    if isinstance(value, torch.Tensor):
+        tensor = value.detach().cpu().contiguous().reshape(-1)
+        digest.update(f"tensor {tensor.dtype} {tuple(value.shape)};".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    elif isinstance(value, Mapping):
+        digest.update(f"{{{len(value)};".encode())
+        for key, item in value.items():
+            _feed(digest, key)
+            _feed(digest, item)
+    elif isinstance(value, list | tuple | set):
+        items = sorted(value, key=repr) if isinstance(value, set) else value
+        digest.update(f"{type(value).__name__}[{len(value)};".encode())
+        for item in items:
+            _feed(digest, item)
+    else:
+        digest.update(f"{type(value).__name__}:{value!r};".encode())
 
 
 def check_checkpoint_kind(checkpoint: Mapping[str, Any], key: str, path: Any, other: str) -> None:
@@ -194,6 +253,7 @@ def check_run_dir_argument(
     if not given or "${" in given[-1] or any(arg.startswith("-") for arg in args):
         return  # Hydra's own directories, and multiruns, are Hydra's to check
     run_dir = Path(given[-1]).expanduser().absolute()
+    refuse_claimed(run_dir)
     existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         problem = "not a directory" if not existing.is_dir() else "not writable"
@@ -245,6 +305,7 @@ def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
     with resume=true, the run directory's checkpoint and its run's config (`resumed_config`).
     Called before the config is checked, so that a resumed run is checked as it will run."""
     overwrite = bool(cfg.get("overwrite", False))
+    claim_run_dir(get_run_dir())  # before anything in it is read, deleted or written
     checkpoint = resume_checkpoint(get_run_dir(), cfg.resume, overwrite=overwrite)
     if checkpoint is None:
         return cfg, None

@@ -20,8 +20,17 @@ CONFIG_ERROR_EXIT_CODE = 2
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class ConfigError(Exception):
+class RunError(Exception):
+    """An error the user can act on; an entry point prints it as one line (exit_on_config_error)
+    starting with its `kind`."""
+
+    kind = "Error"
+
+
+class ConfigError(RunError):
     """A config value is wrong; the message names the key, the value and what would be right."""
+
+    kind = "Config error"
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
@@ -93,7 +102,8 @@ def _describe_range(low: float | None, high: float | None, low_open: bool, high_
 
 
 def exit_on_config_error(main: F) -> F:
-    """Decorate an entry point so a ConfigError prints one line to stderr and exits with code 2.
+    """Decorate an entry point so a ConfigError (any RunError) prints one line to stderr and
+    exits with code 2.
 
     Put it under `@hydra.main` and validate the config first thing in `main`, so a bad value
     stops the run before any work is done. Under `-m` the sweep stops at the first bad job.
@@ -103,8 +113,8 @@ def exit_on_config_error(main: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return main(*args, **kwargs)
-        except ConfigError as error:
-            print(f"Config error: {error}", file=sys.stderr)
+        except RunError as error:
+            print(f"{error.kind}: {error}", file=sys.stderr)
             sys.exit(CONFIG_ERROR_EXIT_CODE)
 
     return wrapper  # type: ignore[return-value]

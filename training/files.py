@@ -3,10 +3,33 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
+
+from training.config import RunError
+
+
+class DiskFullError(RunError):
+    """A write failed for want of space; the message says which file and what is intact."""
+
+    kind = "Disk full"
+
+
+@contextlib.contextmanager
+def reporting_disk_full(path: str | os.PathLike, intact: str) -> Iterator[None]:
+    """Turn running out of space while writing `path` into a DiskFullError that names the
+    file and says what is still intact (`intact`, a clause), instead of a traceback."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskFullError(
+            f"no space left on the device of {path} while writing it; {intact}"
+        ) from None
 
 
 @contextlib.contextmanager

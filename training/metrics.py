@@ -26,7 +26,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from training.config import ConfigError, check_choice
-from training.files import atomic_open
+from training.files import atomic_open, reporting_disk_full
 from training.run_dir import save_resolved_config
 
 METRICS_FILE = "metrics.jsonl"
@@ -198,9 +198,11 @@ class MetricsLogger:
             {key: value if math.isfinite(value) else None for key, value in record.items()},
             allow_nan=False,
         )
-        self._file.write(line + "\n")
-        self._file.flush()
-        os.fsync(self._file.fileno())
+        intact = "the lines before it and the last checkpoint are intact: free space, resume=true"
+        with reporting_disk_full(self._file.name, intact):
+            self._file.write(line + "\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())
         if self._wandb_run is not None:
             self._wandb_run.log(record)
 

@@ -8,16 +8,26 @@ directory (for `-m` sweeps, SWEEP_DIR/<job number>); otherwise the working direc
 from __future__ import annotations
 
 import os
+import socket
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from training.config import ConfigError
 from training.distributed import DistInfo, broadcast_object
 from training.files import atomic_open
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: run directories are not claimed
+    fcntl = None
+
 CONFIG_FILE = "config.yaml"
+CLAIM_FILE = ".run.lock"  # held (flock) by the process that owns the run directory
+_claims: dict[Path, IO] = {}  # this process's claims, open for as long as it lives
 
 
 def get_run_dir(dist: DistInfo | None = None) -> Path:
@@ -45,3 +55,45 @@ def save_resolved_config(run_dir: str | os.PathLike, cfg: Any) -> Path:
     with atomic_open(path, "w") as file:
         file.write(OmegaConf.to_yaml(cfg, resolve=True))
     return path
+
+
+def claim_run_dir(run_dir: str | os.PathLike) -> None:
+    """Make `run_dir` this process's for as long as it lives: a second process, a new run or a
+    resume, is refused with a config error naming the holder. The claim is an flock on
+    RUN_DIR/.run.lock, which the system releases when its process ends, however it ends, so a
+    killed run leaves nothing that blocks its resume. Under torchrun only rank 0 claims."""
+    run_dir = Path(run_dir).resolve()
+    if fcntl is None or run_dir in _claims or int(os.environ.get("RANK", 0)):
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    file = _locked(run_dir)
+    file.seek(0)
+    file.truncate()
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    file.write(f"process {os.getpid()} on {socket.gethostname()} (since {started})\n")
+    file.flush()
+    _claims[run_dir] = file
+
+
+def refuse_claimed(run_dir: str | os.PathLike) -> None:
+    """A config error if a live process holds `run_dir` (claim_run_dir); claims nothing."""
+    run_dir = Path(run_dir).resolve()
+    if fcntl is not None and run_dir not in _claims and (run_dir / CLAIM_FILE).exists():
+        _locked(run_dir).close()
+
+
+def _locked(run_dir: Path) -> IO:
+    """RUN_DIR/.run.lock, open and flocked by this process; a config error naming the holder
+    if another process holds it."""
+    file = open(run_dir / CLAIM_FILE, "a+")  # noqa: SIM115 (closed by the caller, or at exit)
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        file.seek(0)
+        holder = file.read().strip() or "another process"
+        file.close()
+        raise ConfigError(
+            f"{run_dir} is in use by {holder}: wait for that run to end, or give this one "
+            "another hydra.run.dir"
+        ) from None
+    return file
