@@ -8,7 +8,9 @@ pass over the first eval_tokens of the validation split, memory carried, gives v
 (byte tasks) or valid_accuracy / valid_error (answer tasks). `mode=eval checkpoint=PATH`
 evaluates a checkpoint on a split instead; `init_from=RUN` starts from another run's weights
 (fine-tuning, a curriculum of grids). Under `torchrun` every rank walks its own slice of the
-B rows and gradients are all-reduced.
+B rows and gradients are all-reduced. A finished run scores its model on eval.split (the
+test split) as `mode=eval` does, into RUN_DIR/eval.json, and draws its curves into
+RUN_DIR/curves.png (eval.after_training).
 
 Update u reads block u mod (row length // K) of every row, so a resumed run continues
 from the same data; the checkpoint also holds the carried memory, so it continues exactly.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import math
 import sys
 import time
@@ -42,14 +45,18 @@ from lm import (
     load_task,
     source_rows,
 )
+from lm.curves import plot_lm_curves
 from lm.model import LanguageModel, trained_model
 from memory import MemoryConfig, MemoryState, kind_names
 from training import (
+    CHECKPOINT_FILE,
+    METRICS_FILE,
     ConfigError,
     DistInfo,
     SpanStats,
     all_gather_object,
     all_reduce_mean,
+    atomic_open,
     broadcast_object,
     check_checkpoint_kind,
     check_choice,
@@ -64,6 +71,7 @@ from training import (
     load_checkpoint,
     progress_bar,
     rank_seed,
+    read_metrics,
     restore_rng_state,
     resumed_run,
     save_checkpoint,
@@ -78,6 +86,10 @@ from training import (
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
 VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token
 INTERVAL_KEYS = ("loss_sum", "scored", "aux_loss", "memory_size", "grad_norm", "steps")
+EVAL_FILE = "eval.json"  # a finished run's evaluation (eval.after_training)
+CURVES_FILE = "curves.png"  # and its learning curves
+
+log = logging.getLogger(__name__)
 
 
 def check_config(cfg: DictConfig) -> None:
@@ -127,18 +139,27 @@ def memory_config(memory_cfg: DictConfig) -> MemoryConfig:
         raise ConfigError(str(error)) from None
 
 
-def resolve_task_paths(task_cfg: DictConfig) -> None:
-    """Make the task's file and directory options absolute, relative to where the run started
-    (so the saved config and checkpoint point at the same files from anywhere)."""
-    base = Path(hydra.utils.get_original_cwd()) if HydraConfig.initialized() else Path.cwd()
+def started_in() -> Path:
+    """Where the command was started: relative task paths are read from there."""
+    return Path(hydra.utils.get_original_cwd()) if HydraConfig.initialized() else Path.cwd()
+
+
+def load_options(task_cfg: DictConfig, base: Path) -> dict:
+    """The task's options for `load_task`, its file and directory options made absolute from
+    `base`. Only here: the saved config keeps the paths as given, so that a resume with the
+    run's own command line matches it."""
+    options = OmegaConf.to_container(task_cfg, resolve=True)
+    del options["name"]
     for key in PATH_OPTIONS:
-        if task_cfg.get(key):
-            task_cfg[key] = str(base / Path(task_cfg[key]).expanduser())
+        if options.get(key):
+            options[key] = str(base / Path(options[key]).expanduser())
+    return options
 
 
-def load_data(task_cfg: DictConfig, dist: DistInfo) -> TaskData:
-    """Load or generate the task; rank 0 first, so it alone writes the shared data cache."""
-    options = {k: v for k, v in OmegaConf.to_container(task_cfg).items() if k != "name"}
+def load_data(task_cfg: DictConfig, dist: DistInfo, base: Path | None = None) -> TaskData:
+    """Load or generate the task, its relative paths read from `base` (default: where this
+    command started); rank 0 first, so it alone writes the shared data cache."""
+    options = load_options(task_cfg, started_in() if base is None else base)
 
     def load() -> TaskData | str:
         try:
@@ -160,18 +181,20 @@ def build_model(cfg: DictConfig, vocab_size: int) -> LanguageModel:
     return LanguageModel(vocab_size, memory_config(cfg.memory))
 
 
-def transfer_weights(model: LanguageModel, path: str, vocab: list[str]) -> None:
+def transfer_weights(model: LanguageModel, path: str, vocab: list[str]) -> str:
     """Start `model` from another run's weights (init_from), for fine-tuning and curricula.
 
     The embedding and read-out rows follow the tokens (`lm.data.source_rows`: same name, or the
     coarse cell of a smaller grid); a token the other run lacks keeps its fresh row. Every
     other weight must have the same shape: the memory settings must be the other run's.
+    Returns one line for the log: which file, its step, what was loaded and what was not.
     """
     checkpoint = load_checkpoint(path)
     check_checkpoint_kind(checkpoint, "model", f"init_from={path}", other="train_rl.py")
     rows = torch.from_numpy(source_rows(vocab, checkpoint["vocab"]))
     found = rows >= 0
     weights = model.state_dict()
+    loaded = skipped = 0  # values (tensor elements)
     for name, value in checkpoint["model"].items():
         own = weights.get(name)
         per_token = name in VOCAB_WEIGHTS  # rows follow the tokens; only the rest must match
@@ -183,14 +206,26 @@ def transfer_weights(model: LanguageModel, path: str, vocab: list[str]) -> None:
             )
         if per_token:
             own[found] = value[rows[found]]
+            skipped += own[~found].numel()
         else:
             weights[name] = value
+        loaded += own.numel()
     missing = set(weights) - set(checkpoint["model"])
     if missing:
         raise ConfigError(
             f"init_from={path} has no {', '.join(sorted(missing))}: it is another memory kind"
         )
     model.load_state_dict(weights)
+    fresh = len(vocab) - int(found.sum())
+    skipped_rows = (
+        f"{skipped:,} values, the rows of the {fresh} of {len(vocab)} tokens it lacks (kept fresh)"
+        if fresh
+        else "none"
+    )
+    return (
+        f"init_from: loaded {checkpoint_file(path)} (step {checkpoint['step']}): "
+        f"{len(weights)} weights, {loaded - skipped:,} values; skipped {skipped_rows}"
+    )
 
 
 def rank_rows(rows: Split, dist: DistInfo) -> Split:
@@ -277,7 +312,6 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         dist, run_dir = start_run(resources, cfg, checkpoint)
         check_divisible("batch_size", cfg.batch_size, dist)
         check_divisible("eval_batch_size", cfg.eval_batch_size, dist)
-        resolve_task_paths(cfg.task)
         data = load_data(cfg.task, dist)
         K = cfg.memory.block_len
         train_rows = rank_rows(cut_rows(data.train, None, cfg.batch_size, "batch_size"), dist)
@@ -293,7 +327,9 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         seed_everything(rank_seed(cfg.seed, dist.rank))
         model = build_model(cfg, data.vocab_size)
         if checkpoint is None and cfg.get("init_from") is not None:
-            transfer_weights(model, cfg.init_from, data.vocab)
+            loaded = transfer_weights(model, cfg.init_from, data.vocab)
+            if dist.is_main:
+                log.info(loaded)
         model = model.to(dist.device)
         ddp_model = (  # (the model itself in a single process)
             DistributedDataParallel(model, broadcast_buffers=False)
@@ -402,8 +438,61 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                             "step": done,
                             "vocab": list(data.vocab),
                             "config": OmegaConf.to_container(cfg, resolve=True),
+                            "started_in": str(started_in()),  # its relative task paths' base
                         },
                     )
+        progress.close()
+        if cfg.eval.after_training:  # every rank scores its share of the rows
+            step = max(first_step, cfg.total_steps)  # the step of the model scored
+            report_trained_model(model, data, cfg, run_dir, dist, step)
+
+
+def report_trained_model(
+    model: LanguageModel,
+    data: TaskData,
+    cfg: DictConfig,
+    run_dir: Path,
+    dist: DistInfo,
+    step: int,
+) -> None:
+    """What a finished run leaves besides its checkpoints, as train_rl.py's do: RUN_DIR/eval.json,
+    the model scored on eval.split as `mode=eval checkpoint=RUN_DIR` scores it, and
+    RUN_DIR/curves.png, its training and validation curves; then one summary line."""
+    result = evaluate_split(model, data, cfg.eval.split, cfg.eval.tokens, cfg.eval_batch_size, dist)
+    if not dist.is_main:
+        return
+    result.update(step=step, checkpoint=str(run_dir / CHECKPOINT_FILE))
+    with atomic_open(run_dir / EVAL_FILE, "w") as file:
+        json.dump(result, file)
+    records = read_metrics(run_dir / METRICS_FILE)
+    with atomic_open(run_dir / CURVES_FILE, "wb") as file:
+        plot_lm_curves(records, f"valid_{data.metric}").savefig(file, format="png", dpi=110)
+    metric = f"{cfg.eval.split}_{data.metric}"
+    log.info(
+        "%s: %.4f over %s tokens of the %s split (%s)",
+        metric,
+        result[metric],
+        f"{result['tokens']:,}",
+        cfg.eval.split,
+        run_dir / EVAL_FILE,
+    )
+
+
+def evaluate_split(
+    model: LanguageModel,
+    data: TaskData,
+    split: str,
+    tokens: int | None,
+    batch_size: int,
+    dist: DistInfo,
+) -> dict[str, float]:
+    """`evaluate` on the first `tokens` tokens of `split` (None: all) in `batch_size` rows, with
+    the tokens read and the seconds taken: one code path for mode=eval and a finished run."""
+    rows = cut_rows(data.split(split), tokens, batch_size, "eval.tokens")
+    started = time.perf_counter()
+    result = evaluate(model, rows, data.metric, dist, split)
+    result.update(tokens=int(rows.inputs.size), seconds=time.perf_counter() - started)
+    return result
 
 
 def evaluate_checkpoint(cfg: DictConfig) -> None:
@@ -416,18 +505,13 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
     trained = OmegaConf.create(checkpoint["config"])
     use_host(cfg.torch_threads)
     dist = DistInfo()
-    data = load_data(trained.task, dist)
+    base = checkpoint.get("started_in")  # older checkpoints hold absolute paths
+    data = load_data(trained.task, dist, None if base is None else Path(base))
     model = trained_model(checkpoint)
-    split = data.split(cfg.eval.split)
-    rows = cut_rows(split, cfg.eval.tokens, trained.eval_batch_size, "eval.tokens")
-    started = time.perf_counter()
-    result = evaluate(model, rows, data.metric, dist, cfg.eval.split)
-    result.update(
-        tokens=int(rows.inputs.size),
-        seconds=time.perf_counter() - started,
-        step=checkpoint["step"],
-        checkpoint=str(cfg.checkpoint),
+    result = evaluate_split(
+        model, data, cfg.eval.split, cfg.eval.tokens, trained.eval_batch_size, dist
     )
+    result.update(step=checkpoint["step"], checkpoint=str(cfg.checkpoint))
     print(json.dumps(result))
 
 

@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_RL
 
 from analysis import collision_probe, visualize
 from lm.collision import CollisionRules, baseline_errors, simulate
 from scripts import load_script, record_closing
-from training import ConfigError, DistInfo, save_checkpoint
+from training import ConfigError, DistInfo, resumed_config, save_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_FILE = Path(argparse.__file__)  # ~100 kB of English and Python that every Python ships
@@ -42,6 +43,7 @@ SMALL = [
     "warmup_steps=0",
     "wandb.mode=disabled",
     "log_interval=1",
+    "eval.after_training=false",  # no test-split pass at the end (text_run makes one)
 ]
 VOLATILE = ("tokens_per_s",)  # timing: the one metric that differs between identical runs
 
@@ -177,6 +179,7 @@ def text_run(tmp_path_factory):
         "eval_interval=150",
         "checkpoint_interval=150",
         "eval_tokens=4096",
+        "eval.after_training=true",
     ]
     result = run(args, run_dir)
     assert result.returncode == 0, result.stderr
@@ -211,6 +214,24 @@ def test_eval_mode_scores_a_checkpoint_as_training_did(text_run):
     scored = json.loads(result.stdout.strip().splitlines()[-1])
     assert scored["step"] == 300 and scored["tokens"] == 4096
     assert scored["valid_bpb"] == pytest.approx(final(text_run, "valid_bpb"), rel=1e-6)
+
+
+def test_a_finished_run_scores_the_test_split_as_eval_mode_does_and_draws_its_curves(
+    text_run,
+):
+    finished = json.loads((text_run / "eval.json").read_text())  # eval.after_training
+    result = run(["mode=eval", f"checkpoint={text_run}", "eval.split=test"], text_run.parent / "e")
+    assert result.returncode == 0, result.stderr
+    scored = json.loads(result.stdout.strip().splitlines()[-1])
+    assert finished["step"] == scored["step"] == 300 and finished["tokens"] == scored["tokens"]
+    assert finished["test_bpb"] == pytest.approx(scored["test_bpb"], rel=1e-5)
+    assert finished["checkpoint"] == str(text_run / "checkpoint.pt")
+    assert (text_run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = f"test_bpb: {finished['test_bpb']:.4f} over {finished['tokens']:,} tokens"
+    assert (
+        f"{summary} of the test split ({text_run / 'eval.json'})"
+        in (text_run / "train_lm.log").read_text()
+    )
 
 
 def test_copy_needs_a_memory_that_reaches_the_first_run(tmp_path, cache_dir):
@@ -312,6 +333,16 @@ def test_init_from_starts_a_finer_grid_from_the_coarse_grids_weights(
             assert torch.equal(row, coarse["model"][name][coarse["vocab"].index(source)])
     core = [name for name in fine if name.startswith("core.")]
     assert core and all(torch.equal(fine[name], coarse["model"][name]) for name in core)
+    loaded = f"init_from: loaded {tmp_path / 'checkpoint.pt'} (step 2): {len(fine)} weights"
+    values = sum(weight.numel() for weight in fine.values())
+    assert train_lm.transfer_weights(model, str(tmp_path), vocab) == (
+        f"{loaded}, {values:,} values; skipped none"
+    )
+    fresh = 32 + 32 + 1  # the new token's embedding row, read-out row and bias
+    assert train_lm.transfer_weights(model, str(tmp_path), [*vocab[:-1], "new"]) == (
+        f"{loaded}, {values - fresh:,} values; skipped {fresh:,} values, the rows of the 1 of "
+        f"{len(vocab)} tokens it lacks (kept fresh)"
+    )
     wider = train_lm.build_model(compose_config(*SMALL, *task, "memory.dim=64"), len(vocab))
     with pytest.raises(ConfigError, match="use the memory settings of the run it comes from"):
         train_lm.transfer_weights(wider, str(tmp_path), vocab)
@@ -383,6 +414,41 @@ def test_killed_run_resumes_exactly_where_it_stopped(tmp_path, cache_dir):
     assert comparable(resumed) == comparable(reference)
 
 
+def test_task_paths_are_saved_as_given_so_the_same_command_line_resumes(tmp_path, monkeypatch):
+    """task.cache_dir=cache is read from where the run started but saved as given: the same
+    command line with resume=true matches the saved config, and a changed setting is refused
+    naming the leaf key, not the whole task group."""
+    monkeypatch.chdir(tmp_path)  # the run directory outside Hydra, and where it started
+    args = [*SMALL, "task=copy", "task.cache_dir=cache", "task.train_episodes=300"]
+    args += ["task.valid_episodes=40", "task.test_episodes=40", "total_steps=1"]
+    train_lm.train(compose_config(*args), None)
+    assert list((tmp_path / "cache").glob("copy-*.npz"))  # the data went where it started
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert saved["config"]["task"]["cache_dir"] == "cache"
+    assert OmegaConf.load(tmp_path / "config.yaml").task.cache_dir == "cache"
+    again = [*args, "resume=true"]
+    assert resumed_config(compose_config(*again), saved, again).task.cache_dir == "cache"
+    changed = [*again, "task.distance=8"]
+    with pytest.raises(ConfigError) as refused:
+        resumed_config(compose_config(*changed), saved, changed)
+    message = str(refused.value)
+    assert "but task.distance=8 (the run has 64): drop this override" in message
+    assert "{" not in message and message.count("task.") == 1
+
+
+def test_a_refused_group_override_names_the_leaf_keys_it_changes():
+    """RL's `resume=true memory=transformer_xl`: the group's changed keys, not the group."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        run_cfg = compose("rl")
+        now = compose("rl", overrides=["memory=transformer_xl", "memory.dim=32"])
+    checkpoint = {"config": OmegaConf.to_container(run_cfg, resolve=True)}
+    with pytest.raises(ConfigError) as refused:
+        resumed_config(now, checkpoint, ["resume=true", "memory=transformer_xl", "memory.dim=32"])
+    message = str(refused.value)
+    assert "but memory.kind=transformer_xl (the run has expire_span); memory.dim=32 " in message
+    assert message.count("memory.dim") == 1 and "{" not in message and "num_heads" not in message
+
+
 def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
     result = run([*SMALL, "resume=true"], tmp_path / "empty")
     assert result.returncode == 2
@@ -396,10 +462,12 @@ def test_torchrun_splits_the_rows_and_matches_one_process(tmp_path, cache_dir):
         "task.train_episodes=300",
         "task.valid_episodes=40",
         f"task.cache_dir={cache_dir}",
+        "task.test_episodes=40",
         "total_steps=6",
         "eval_interval=3",
         "checkpoint_interval=2",
         "lr=3e-3",
+        "eval.after_training=true",
     ]
     launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2")
     result = run(args, tmp_path / "two", launcher=launcher)
@@ -420,6 +488,9 @@ def test_torchrun_splits_the_rows_and_matches_one_process(tmp_path, cache_dir):
         assert [v is None for v in ours] == [v is None for v in theirs], key
         numbers = [v for v in theirs if v is not None]
         assert [v for v in ours if v is not None] == pytest.approx(numbers, rel=1e-4), key
+    two, one = (json.loads((tmp_path / n / "eval.json").read_text()) for n in ("two", "one"))
+    assert two["test_accuracy"] == pytest.approx(one["test_accuracy"], abs=1e-6)
+    assert two["test_loss"] == pytest.approx(one["test_loss"], rel=1e-4)
 
 
 # ------------------------------------------------------------------ span visualisation

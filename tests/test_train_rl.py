@@ -86,31 +86,42 @@ def test_unknown_env_names_the_valid_choices(tmp_path):
         assert choice in result.stderr
 
 
-def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
-    run_dir = tmp_path / "run"
-    args = [*TINY_RL, "checkpoint_interval=3", f"total_steps={1000 * STEPS_PER_UPDATE}"]
+def start_and_kill(args, run_dir, lines, refuse_second=False):
+    """Starts a train_rl.py run and kills it (SIGKILL) once it has logged `lines` metrics
+    lines (with `refuse_second`, after asserting that a second process is refused its live
+    run directory)."""
     command = [sys.executable, str(ROOT / "train_rl.py"), *args, f"hydra.run.dir={run_dir}"]
-    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env
+    )
     metrics = run_dir / "metrics.jsonl"
     deadline = time.monotonic() + 240
-    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 5):
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= lines):
         assert process.poll() is None, process.stderr.read().decode()
         assert time.monotonic() < deadline, "the run logged too slowly"
-        time.sleep(0.2)
-    for second in ([*args, "resume=true"], [*args, "overwrite=true"]):  # the run is live
+        time.sleep(0.05)
+    for second in ([*args, "resume=true"], [*args, "overwrite=true"]) if refuse_second else ():
         result = run(second, run_dir)
         assert result.returncode == 2 and "is in use by process" in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert process.poll() is None, "the run ended before it was killed: give it more steps"
     process.send_signal(signal.SIGKILL)
     process.wait()
+
+
+def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
+    run_dir = tmp_path / "run"
+    args = [*TINY_RL, "checkpoint_interval=3", "agent.lr_schedule=constant"]
+    start_and_kill(
+        [*args, f"total_steps={1000 * STEPS_PER_UPDATE}"], run_dir, lines=5, refuse_second=True
+    )
     killed_at = steps_logged(run_dir)[-1]
     checkpoint = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert checkpoint["step"] % (3 * STEPS_PER_UPDATE) == 0 and checkpoint["step"] <= killed_at
 
-    final_updates = killed_at // STEPS_PER_UPDATE + 3
-    result = run(
-        [*args[:-1], f"total_steps={final_updates * STEPS_PER_UPDATE}", "resume=true"], run_dir
-    )
+    final_updates = killed_at // STEPS_PER_UPDATE + 3  # a constant rate: the budget may grow
+    result = run([*args, f"total_steps={final_updates * STEPS_PER_UPDATE}", "resume=true"], run_dir)
     assert result.returncode == 0, result.stderr
     expected = [STEPS_PER_UPDATE * (u + 1) for u in range(final_updates)]
     assert steps_logged(run_dir) == expected
@@ -118,40 +129,52 @@ def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
     assert resumed["step"] == expected[-1]
 
 
-@pytest.mark.parametrize(
-    "setting",
-    [
-        [],
-        ["memory.span_noise=0.5"],
-        ["agent.anchor_coef=1", "agent.anchor_from=0", "log_interval=1"],
-    ],
-    ids=["default", "explore", "anchor"],
-)
+def test_an_annealed_run_refuses_a_new_budget_on_resume(tmp_path):
+    """The Corridor's default anneals the rate over total_steps: a resume with another budget
+    cannot continue it exactly and is refused in one line, before anything is written."""
+    run_dir = tmp_path / "run"
+    result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    before = (run_dir / "metrics.jsonl").read_text()
+    result = run([*TINY_RL, f"total_steps={4 * STEPS_PER_UPDATE}", "resume=true"], run_dir)
+    assert result.returncode == 2, result.stderr
+    assert f"continues exactly only with total_steps={2 * STEPS_PER_UPDATE}" in result.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+# Each env with its defaults, and the state only some settings carry. (POPGym's and other
+# Gymnasium envs have no state_dict: a resume restarts them from their seeds, as the README says.)
+RESUME_SETTINGS = {
+    "corridor": ["env=corridor", "env.max_length=5"],
+    "corridor_paper": ["env=corridor", "env.max_length=5", "preset=paper"],
+    "portal": ["env=portal", "env.num_rooms=3"],
+    "minigrid_memory": ["env=minigrid_memory", "env.id=MiniGrid-MemoryS7-v0"],
+    "explore": ["env.max_length=5", "memory.span_noise=0.5"],
+    "anchor": ["env.max_length=5", "agent.anchor_from=0", "log_interval=1"],
+}
+
+
+@pytest.mark.parametrize("setting", RESUME_SETTINGS.values(), ids=RESUME_SETTINGS.keys())
 def test_a_resumed_run_writes_what_one_unbroken_run_writes(tmp_path, setting):
-    """RL resume is exact: the checkpoint holds the environments, the carried memory (with
-    its span-noise streams when spans explore), the running statistics and the policy
-    anchor (with agent.anchor_coef: an earlier agent than the one saved), so a run stopped
-    at half its steps and resumed writes the metrics of the run that went straight through
-    (checkpoints and logs out of step on purpose)."""
-    args = [*TINY_RL, "log_interval=2", "checkpoint_interval=3", *setting]
-    # (a constant rate: an annealed one follows total_steps, which the first half sets short)
-    args += ["eval.after_training=false", "agent.lr_schedule=constant"]
-    straight, halves = tmp_path / "straight", tmp_path / "halves"
-    result = run([*args, f"total_steps={8 * STEPS_PER_UPDATE}"], straight)
+    """RL resume is exact under each env's defaults (the Corridor's annealed rate and anchor,
+    the paper's A2C, Portal's and MiniGrid's settings): the checkpoint holds the
+    environments, the carried memory (with its span-noise streams when spans explore), the
+    running statistics and the policy anchor (an earlier agent than the one saved), so a run
+    killed midway and resumed writes the metrics of the run that went straight through."""
+    args = [*TINY_RUN, *TINY_MEMORY, "log_interval=2", "checkpoint_interval=3", *setting]
+    args += ["eval.after_training=false", f"total_steps={40 * STEPS_PER_UPDATE}"]
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    result = run(args, straight)
     assert result.returncode == 0, result.stderr
-    result = run([*args, f"total_steps={4 * STEPS_PER_UPDATE}"], halves)
-    assert result.returncode == 0, result.stderr
-    if "agent.anchor_coef=1" in setting:  # the anchor is not the saved agent: resume needs it
-        saved = torch.load(halves / "checkpoint.pt", weights_only=True)
-        assert any(not torch.equal(saved["anchor"][k], v) for k, v in saved["agent"].items())
-    result = run([*args, f"total_steps={8 * STEPS_PER_UPDATE}", "resume=true"], halves)
+    start_and_kill(args, killed, lines=4)
+    result = run([*args, "resume=true"], killed)
     assert result.returncode == 0, result.stderr
 
     def logged(run_dir):
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         return [{k: v for k, v in json.loads(line).items() if k != "sps"} for line in lines]
 
-    assert logged(halves) == logged(straight)
+    assert logged(killed) == logged(straight)
 
 
 @pytest.mark.parametrize("target_kl, epochs", [("null", 8), ("1e-12", 1)])

@@ -50,6 +50,7 @@ RESUMABLE = (
     "checkpoint_interval",
     "checkpoint_keep",
     "eval_interval",
+    "eval",
     "device",
     "torch_threads",
     "wandb",
@@ -267,6 +268,9 @@ def check_run_dir_argument(
         return
     checkpoint = resume_checkpoint(run_dir, resume=True)
     overrides = [arg for arg in args if not arg.startswith("hydra.")]
+    budget = [arg.split("=", 1)[1] for arg in overrides if arg.startswith("total_steps=")]
+    if budget and budget[-1].isdigit():
+        check_resumed_budget(int(budget[-1]), checkpoint)
     try:
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
             cfg = compose(config_name, overrides=overrides)
@@ -278,19 +282,44 @@ def check_run_dir_argument(
 def resumed_config(cfg: DictConfig, checkpoint: Mapping, overrides: list[str]) -> DictConfig:
     """The config of the run `checkpoint` continues: the saved one, with the RESUMABLE fields
     of `cfg`. A command-line override (Hydra's `key=value` strings) that would change any
-    other field is a config error naming it, since the run cannot switch settings midway."""
+    other field is a config error naming each leaf key it changes (a group override such as
+    `memory=transformer_xl` changes the group's keys; a whole group would not say which), since
+    the run cannot switch settings midway."""
     saved = OmegaConf.create(checkpoint["config"])
-    conflicts = []
+
+    unset = object()  # a key one of the two configs lacks (another task's options)
+
+    def changes(key: str, now: Any, before: Any) -> list[str]:
+        """`key=now (the run has before)` for each leaf under `key` whose value differs."""
+        if isinstance(now, dict) and isinstance(before, dict):
+            return [
+                change
+                for name in {**before, **now}  # the run's keys in order, then new ones
+                for change in changes(
+                    f"{key}.{name}", now.get(name, unset), before.get(name, unset)
+                )
+            ]
+        if now == before:
+            return []
+        given = f"{key} unset" if now is unset else f"{key}={as_given(now)}"
+        return [f"{given} (the run has {'none' if before is unset else as_given(before)})"]
+
+    def as_given(value: Any) -> str:  # as written on a command line: null, not None
+        return "null" if value is None else str(value)
+
+    conflicts: dict[str, None] = {}  # in order, once each (two overrides may reach one key)
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
         if key.split(".")[0] in RESUMABLE:
             continue
         now, before = _plain(OmegaConf.select(cfg, key)), _plain(OmegaConf.select(saved, key))
-        if now != before:
-            conflicts.append(f"{key}={now} (the run has {before})")
+        conflicts.update(dict.fromkeys(changes(key, now, before)))
     if conflicts:
+        shown = list(conflicts)[:4]  # enough to see what changed
+        if len(conflicts) > 4:
+            shown.append(f"... ({len(conflicts) - 4} more)")
         raise ConfigError(
-            f"resume=true continues the saved run, but {'; '.join(conflicts)}: drop "
+            f"resume=true continues the saved run, but {'; '.join(shown)}: drop "
             f"{'this override' if len(conflicts) == 1 else 'these overrides'}, or start a "
             "new run in another hydra.run.dir"
         )
@@ -309,7 +338,28 @@ def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
     checkpoint = resume_checkpoint(get_run_dir(), cfg.resume, overwrite=overwrite)
     if checkpoint is None:
         return cfg, None
+    check_resumed_budget(cfg.total_steps, checkpoint)
     return resumed_config(cfg, checkpoint, command_line_overrides()), checkpoint
+
+
+def check_resumed_budget(total_steps: int, checkpoint: Mapping) -> None:
+    """A resume may change total_steps only where the learning rate does not follow it: an
+    annealed rate (RL's agent.lr_schedule=linear, the LM's cosine decay to min_lr_ratio < 1)
+    took the run's first budget into every step so far, so no other budget continues it
+    exactly."""
+    saved = checkpoint["config"]
+    before = saved["total_steps"]
+    if "agent" in saved:
+        annealed, fix = saved["agent"].get("lr_schedule") == "linear", "agent.lr_schedule=constant"
+    else:
+        annealed, fix = saved.get("min_lr_ratio", 1) != 1, "min_lr_ratio=1"
+    if total_steps == before or not annealed:
+        return
+    raise ConfigError(
+        f"total_steps={total_steps}: this run anneals its learning rate over the total_steps it "
+        f"started with ({before}), so it continues exactly only with total_steps={before} "
+        f"(start runs to be extended with {fix})"
+    )
 
 
 def _plain(value: Any) -> Any:
