@@ -50,6 +50,8 @@ from lm.model import LanguageModel, trained_model
 from memory import MemoryConfig, MemoryState, kind_names
 from training import (
     CHECKPOINT_FILE,
+    CURVES_FILE,
+    EVAL_FILE,
     METRICS_FILE,
     ConfigError,
     DistInfo,
@@ -66,6 +68,7 @@ from training import (
     check_run_dir_argument,
     check_wandb_config,
     checkpoint_file,
+    eval_writes_nothing,
     exit_on_config_error,
     gather_rank_states,
     load_checkpoint,
@@ -86,8 +89,6 @@ from training import (
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
 VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token
 INTERVAL_KEYS = ("loss_sum", "scored", "aux_loss", "memory_size", "grad_norm", "steps")
-EVAL_FILE = "eval.json"  # a finished run's evaluation (eval.after_training)
-CURVES_FILE = "curves.png"  # and its learning curves
 
 log = logging.getLogger(__name__)
 
@@ -529,6 +530,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = eval_writes_nothing(sys.argv[1:])
     configs = Path(__file__).parent / "configs"  # checked before Hydra writes anything:
     exit_on_config_error(check_run_dir_argument)(sys.argv[1:], configs, "lm", check_config)
     main()

@@ -64,6 +64,8 @@ from analysis.probes import (
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from training import (
     BEST_CHECKPOINT_FILE,
+    CURVES_FILE,
+    EVAL_FILE,
     METRICS_FILE,
     ConfigError,
     SpanStats,
@@ -77,8 +79,10 @@ from training import (
     check_run_dir_argument,
     check_wandb_config,
     check_whole,
+    check_writable_file,
     describe_preset,
     eval_seed,
+    eval_writes_nothing,
     exit_on_config_error,
     gather_rank_states,
     load_checkpoint,
@@ -122,8 +126,6 @@ INTERVAL_MEANS = ("memory_size", *LOSS_KEYS, "approx_kl", "epochs")
 # update: 0 up to float error when the learner starts from the policy that acted.
 BEHAVIOUR_RATIO_ERROR = "behaviour_ratio_error"
 CONFIGS = Path(__file__).parent / "configs"
-EVAL_FILE = "eval.json"  # a finished run's evaluation (eval.after_training)
-CURVES_FILE = "curves.png"  # and its learning curves
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +186,10 @@ def check_config(cfg: DictConfig) -> None:
             f"env={cfg.env.name}: {error}; {where} are the environment's keyword arguments"
         ) from None
     check_positive_int("eval.length_bins", cfg.eval.length_bins)
+    for key in ("episodes", "num_envs"):
+        check_positive_int(f"eval.{key}", cfg.eval[key])
+    if cfg.eval.record:
+        check_writable_file("eval.record", cfg.eval.record)
     if cfg.eval.record and Path(cfg.eval.record).suffix.lower() not in RECORD_SUFFIXES:
         raise ConfigError(
             f"eval.record={cfg.eval.record}: use a .gif, .mp4 or .txt (ansi trace) file"
@@ -356,20 +362,27 @@ class EpisodeStats:
         self.finished: dict[str, list[float]] = {}
 
     def record(
-        self, reward: np.ndarray, done: np.ndarray, final_info: dict, counted: np.ndarray
+        self,
+        reward: np.ndarray,
+        done: np.ndarray,
+        final_info: dict,
+        counted: np.ndarray,
+        kept: np.ndarray | None = None,
     ) -> None:
         """One step: its rewards, which episodes it ended and their info (`episode_info`);
-        ``counted``: False for a reset step, which belongs to no episode."""
+        ``counted``: False for a reset step, which belongs to no episode; ``kept``: False for
+        an environment whose finished episodes are no longer wanted (evaluation's quotas)."""
         self.running_return += reward
         self.running_length += counted
-        if not done.any():
-            return
-        self._add("return", self.running_return[done])
-        self._add("episode_length", self.running_length[done])
-        for key in self.outcomes:
-            reported = [name for name in INFO_KEYS.get(key, (key,)) if name in final_info]
-            if reported:
-                self._add(key, final_info[reported[0]][final_info[f"_{reported[0]}"]])
+        ended = done if kept is None else done & kept
+        if ended.any():
+            self._add("return", self.running_return[ended])
+            self._add("episode_length", self.running_length[ended])
+            for key in self.outcomes:
+                reported = [name for name in INFO_KEYS.get(key, (key,)) if name in final_info]
+                if reported:
+                    present = final_info[f"_{reported[0]}"] & ended
+                    self._add(key, final_info[reported[0]][present])
         self.running_return[done] = 0.0
         self.running_length[done] = 0
 
@@ -829,7 +842,12 @@ def evaluate_agent(
     extra = ("corridor_length", *layout) if corridor else ()
     stats = EpisodeStats(eval_cfg.num_envs, env_cfg.name, extra)
     memory_sizes = []
-    while stats.episodes < eval_cfg.episodes:
+    # Every environment plays its share of the episodes, so that exactly eval.episodes are
+    # counted and short episodes are not favoured (as stopping at the first N to end would).
+    remaining = np.array(
+        [(eval_cfg.episodes + i) // eval_cfg.num_envs for i in range(eval_cfg.num_envs)]
+    )
+    while remaining.any():
         action, _, _, out = agent.act(obs, state, episode_start, previous, eval_cfg.greedy)
         state = out.state
         memory_sizes.append(out.memory_size)
@@ -841,7 +859,9 @@ def evaluate_agent(
                 keep_new_memories(state, in_view, agent.core.cfg.max_span)
         next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
         done = terminated | truncated
-        stats.record(reward, done, episode_info(info, next_step), counted=~resetting)
+        kept = remaining > 0
+        stats.record(reward, done, episode_info(info, next_step), ~resetting, kept)
+        remaining -= done & kept
         obs = to_device(next_obs, device)
         starting, resetting = after_step(done, resetting, next_step)
         episode_start = torch.as_tensor(starting, device=device)
@@ -911,6 +931,7 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = eval_writes_nothing(sys.argv[1:])
     # checked before Hydra writes anything:
     exit_on_config_error(check_run_dir_argument)(sys.argv[1:], CONFIGS, "rl", check_config)
     main()

@@ -23,6 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from training.checkpoint import load_checkpoint
+from training.config import exit_on_config_error
 
 Parameters = dict[str, torch.Tensor]
 
@@ -89,4 +90,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)()  # a damaged checkpoint: one line

@@ -33,6 +33,7 @@ from lm.data import IGNORE
 from lm.model import LanguageModel, trained_model
 from lm.tasks import task_options
 from training import load_checkpoint
+from training.config import exit_on_config_error
 
 AGE_BINS = (0, 16, 64, 512)  # steps back: within a block of 128 tokens, of 512, of 4,096 ...
 
@@ -112,4 +113,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_on_config_error(main)())  # a damaged checkpoint: one line

@@ -26,6 +26,7 @@ from agents.actor_critic import ActorCritic
 from analysis.runs import RL, require_run_kind, saved_config
 from memory.expire_span import SpanPredictor
 from training.checkpoint import kept_checkpoints, load_checkpoint
+from training.config import exit_on_config_error
 
 
 def drift_split(predictors: list[SpanPredictor], hiddens: list[torch.Tensor]) -> list[dict]:
@@ -71,6 +72,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--every", type=int, default=1, help="use every K-th kept checkpoint")
     parser.add_argument("--episodes", type=int, default=64, help="first observations drawn")
     args = parser.parse_args(argv)
+    if not args.run_dir.is_dir():
+        parser.error(f"{args.run_dir} is not a run directory")
     config = saved_config(args.run_dir)
     if config is not None:
         require_run_kind(parser.prog, args.run_dir, config, RL)
@@ -106,4 +109,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    exit_on_config_error(main)()  # a damaged checkpoint: one line

@@ -33,6 +33,7 @@ from lm.instruction import NEWLINE, UNK, tokenize
 from lm.model import LanguageModel, trained_model
 from lm.tasks import load_task
 from training import load_checkpoint
+from training.config import exit_on_config_error
 
 COLOURMAP = "Blues"  # darker: a longer span, as in the paper's figures
 SHOWN_NEWLINE = "\u21b5"  # a newline token is drawn as this arrow, then the line breaks
@@ -338,4 +339,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_on_config_error(main)())  # a damaged checkpoint: one line

@@ -301,11 +301,49 @@ def test_eval_reports_success_and_records_an_episode(tmp_path):
         )
         assert result.returncode == 0, result.stderr
         outcome = json.loads(result.stdout.strip().splitlines()[-1])
-        assert outcome["episodes"] >= 8 and 0.0 <= outcome["success"] <= 1.0
+        assert outcome["episodes"] == 8 and 0.0 <= outcome["success"] <= 1.0
         assert record.stat().st_size > 0
     frames = trace.read_text().split("\n\n")
     assert len(frames) >= 2 and all("@" in frame for frame in frames)
     assert gif.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
+
+
+def test_evaluation_and_refused_commands_write_no_directory(tmp_path):
+    """mode=eval prints its result and writes nothing, not even a run directory of its own;
+    a command its config check refuses (a bad value, an eval.record that cannot be written)
+    leaves nothing behind; overwrite=true removes everything of the run it replaces."""
+    run_dir = tmp_path / "run"
+    result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    before = sorted(path.name for path in run_dir.iterdir())
+    assert {"eval.json", "curves.png"} <= set(before)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    def from_elsewhere(*args):
+        command = [sys.executable, str(ROOT / "train_rl.py"), *args]
+        env = dict(os.environ, OMP_NUM_THREADS="1")
+        return subprocess.run(command, capture_output=True, text=True, cwd=elsewhere, env=env)
+
+    result = from_elsewhere("mode=eval", f"checkpoint={run_dir}", "eval.episodes=5")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1])["episodes"] == 5
+    unwritable = run_dir / "config.yaml" / "episode.gif"  # (under a file)
+    for refused in (
+        ["num_envs=0"],
+        ["mode=eval", f"checkpoint={run_dir}", f"eval.record={unwritable}"],
+    ):
+        result = from_elsewhere(*refused)
+        assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
+    assert f"eval.record={unwritable} cannot be written" in result.stderr
+    assert list(elsewhere.iterdir()) == []
+    assert sorted(path.name for path in run_dir.iterdir()) == before
+
+    args = [*TINY_RL, f"total_steps={STEPS_PER_UPDATE}", "eval.after_training=false"]
+    result = run([*args, "overwrite=true"], run_dir)
+    assert result.returncode == 0, result.stderr
+    assert not (run_dir / "eval.json").exists() and not (run_dir / "curves.png").exists()
+    assert steps_logged(run_dir) == [STEPS_PER_UPDATE]
 
 
 def test_best_checkpoint_and_eval_probes(tmp_path):

@@ -701,3 +701,27 @@ def test_a_run_directory_belongs_to_one_live_process(tmp_path):
     refuse_claimed(tmp_path)
     claim_run_dir(tmp_path)  # the killed holder's claim left nothing behind
     assert str(os.getpid()) in (tmp_path / ".run.lock").read_text()
+
+
+@pytest.mark.parametrize(
+    "tool", ["analysis.visualize", "analysis.collision_probe", "agents.module_swap"]
+)
+def test_tools_refuse_a_damaged_checkpoint_in_one_line(tmp_path, tool):
+    save_checkpoint(tmp_path, {"weights": torch.arange(4096.0), "step": 1})
+    path = tmp_path / "checkpoint.pt"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x10
+    path.write_bytes(bytes(data))
+    args = {
+        "agents.module_swap": [str(path)],
+        "analysis.visualize": ["--split", "valid", "--out", str(tmp_path / "out")],
+    }
+    args = [str(path), *args.get(tool, [])]
+    result = subprocess.run(
+        [sys.executable, "-m", tool, *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"Config error: {path} does not match its digest: its contents are not what was saved "
+        "(a disk or copy error, or not this project's checkpoint)"
+    ]

@@ -42,6 +42,7 @@ from training.config import (
     check_positive_int,
     check_range,
     check_whole,
+    check_writable_file,
     exit_on_config_error,
 )
 from training.distributed import (
@@ -71,7 +72,10 @@ from training.progress import progress_bar, set_metrics
 from training.run import gather_rank_states, start_run
 from training.run_dir import (
     CONFIG_FILE,
+    CURVES_FILE,
+    EVAL_FILE,
     command_line_overrides,
+    eval_writes_nothing,
     get_run_dir,
     save_resolved_config,
 )
@@ -87,6 +91,8 @@ __all__ = [
     "BEST_CHECKPOINT_FILE",
     "CHECKPOINT_FILE",
     "CONFIG_FILE",
+    "CURVES_FILE",
+    "EVAL_FILE",
     "METRICS_FILE",
     "ConfigError",
     "DistInfo",
@@ -106,8 +112,10 @@ __all__ = [
     "check_range",
     "check_wandb_config",
     "check_whole",
+    "check_writable_file",
     "cleanup_distributed",
     "command_line_overrides",
+    "eval_writes_nothing",
     "describe_preset",
     "eval_seed",
     "exit_on_config_error",

@@ -33,8 +33,16 @@ from omegaconf.errors import OmegaConfBaseException
 
 from training.config import ConfigError
 from training.files import atomic_open, remove_orphans, reporting_disk_full
-from training.metrics import METRICS_FILE
-from training.run_dir import claim_run_dir, command_line_overrides, get_run_dir, refuse_claimed
+from training.metrics import METRICS_FILE, WANDB_ID_FILE
+from training.run_dir import (
+    CONFIG_FILE,
+    CURVES_FILE,
+    EVAL_FILE,
+    claim_run_dir,
+    command_line_overrides,
+    get_run_dir,
+    refuse_claimed,
+)
 
 CHECKPOINT_FILE = "checkpoint.pt"
 DIGEST_KEY = "sha256"  # the checkpoint's digest of the rest of its contents (content_digest)
@@ -221,13 +229,20 @@ def resume_checkpoint(
 
 
 def delete_run(run_dir: str | os.PathLike) -> None:
-    """Deletes the checkpoints and metrics of the run in `run_dir` (overwrite=true)."""
+    """Deletes what the run in `run_dir` wrote (overwrite=true): checkpoints, metrics, config,
+    evaluation, curves, W&B files, and the lines of its log."""
     if not Path(run_dir).is_dir():
         return
-    names = (CHECKPOINT_FILE, BEST_CHECKPOINT_FILE, METRICS_FILE)
+    names = (CHECKPOINT_FILE, BEST_CHECKPOINT_FILE, METRICS_FILE, CONFIG_FILE, EVAL_FILE)
     for path in Path(run_dir).iterdir():
-        if path.name in names or _SNAPSHOT.fullmatch(path.name):
+        if path.name in (*names, CURVES_FILE) or _SNAPSHOT.fullmatch(path.name):
             path.unlink()
+        elif path.name == WANDB_ID_FILE:
+            path.unlink()
+        elif path.name == "wandb" and path.is_dir():  # W&B's own directory, under dir=RUN_DIR
+            shutil.rmtree(path)
+        elif path.suffix == ".log":  # Hydra's job log, open for the new run's lines (append)
+            os.truncate(path, 0)
 
 
 def refuse_existing_run(run_dir: str | os.PathLike) -> None:
@@ -253,6 +268,8 @@ def check_run_dir_argument(
     given = [arg.split("=", 1)[1] for arg in args if arg.startswith("hydra.run.dir=")]
     if not given or "${" in given[-1] or any(arg.startswith("-") for arg in args):
         return  # Hydra's own directories, and multiruns, are Hydra's to check
+    if "mode=eval" in args:
+        return  # evaluation writes nothing into its directory (eval_writes_nothing)
     run_dir = Path(given[-1]).expanduser().absolute()
     refuse_claimed(run_dir)
     existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())

@@ -10,9 +10,11 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 import sys
 from collections.abc import Callable, Iterable
 from numbers import Real
+from pathlib import Path
 from typing import Any, TypeVar
 
 CONFIG_ERROR_EXIT_CODE = 2
@@ -65,6 +67,20 @@ def check_whole(name: str, value: Any, low: int = 0) -> None:
     check_range(name, value, low=low)
 
 
+def check_writable_file(name: str, path: str | os.PathLike) -> None:
+    """Fail unless a file can be written at `path`: a file or nothing there, and the nearest
+    directory that exists writable (checked before the work whose result it will hold)."""
+    path = Path(path).expanduser().absolute()
+    if path.is_dir():
+        raise ConfigError(f"{name}={path} is a directory; give a file name")
+    existing = next(parent for parent in path.parents if parent.exists())
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"{name}={path} cannot be written ({existing} is not a writable directory); "
+            "choose another place"
+        )
+
+
 def _is_whole(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -114,6 +130,9 @@ def exit_on_config_error(main: F) -> F:
         try:
             return main(*args, **kwargs)
         except RunError as error:
+            from training.run_dir import discard_unused_run_dir  # (run_dir imports this module)
+
+            discard_unused_run_dir()
             print(f"{error.kind}: {error}", file=sys.stderr)
             sys.exit(CONFIG_ERROR_EXIT_CODE)
 

@@ -7,6 +7,7 @@ LOG_INTERVAL_SECONDS, so the log shows the run's progress without carriage-retur
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Mapping
 from typing import IO, Any
@@ -66,5 +67,7 @@ def progress_bar(
 
 
 def set_metrics(bar: tqdm, metrics: Mapping[str, Any]) -> None:
-    """Show metrics after the rate, e.g. `12.3kstep/s, return=0.52, memory_size=14.2`."""
-    bar.set_postfix({key: float(value) for key, value in metrics.items()}, refresh=False)
+    """Show metrics after the rate, e.g. `12.3kstep/s, return=0.52, memory_size=14.2`; a NaN
+    (an outcome the env does not report, an interval no episode ended in) is left out."""
+    shown = {key: float(value) for key, value in metrics.items()}
+    bar.set_postfix({k: v for k, v in shown.items() if math.isfinite(v)}, refresh=False)

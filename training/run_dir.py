@@ -8,6 +8,7 @@ directory (for `-m` sweeps, SWEEP_DIR/<job number>); otherwise the working direc
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -26,6 +27,8 @@ except ImportError:  # not POSIX: run directories are not claimed
     fcntl = None
 
 CONFIG_FILE = "config.yaml"
+EVAL_FILE = "eval.json"  # a finished run's evaluation (eval.after_training)
+CURVES_FILE = "curves.png"  # and its learning curves
 CLAIM_FILE = ".run.lock"  # held (flock) by the process that owns the run directory
 _claims: dict[Path, IO] = {}  # this process's claims, open for as long as it lives
 
@@ -40,6 +43,43 @@ def get_run_dir(dist: DistInfo | None = None) -> Path:
     if dist is not None:
         run_dir = broadcast_object(str(run_dir), dist)
     return Path(run_dir)
+
+
+def eval_writes_nothing(args: list[str]) -> list[str]:
+    """The command line `args` with, for `mode=eval`, the Hydra settings that keep evaluation
+    from writing a run directory of its own: its directory is the checkpoint's (or the one
+    given), with no .hydra/ and no log file in it; evaluation prints its result."""
+    if "mode=eval" not in args or any(arg.startswith("-") for arg in args):
+        return args
+    extra = ["hydra.output_subdir=null", "hydra/job_logging=stdout"]
+    if not any(arg.startswith("hydra.run.dir=") for arg in args):
+        given = [arg.split("=", 1)[1] for arg in args if arg.startswith("checkpoint=")]
+        path = Path(given[-1] if given else ".").expanduser().absolute()
+        existing = next(p for p in (path, *path.parents) if p.is_dir())
+        escaped = str(existing).replace("\\", "\\\\").replace("'", "\\'")
+        extra.append(f"hydra.run.dir='{escaped}'")
+    return [*args, *extra]
+
+
+HYDRA_FILES = (".hydra", CLAIM_FILE)  # and the job's log: what Hydra and the claim write first
+
+
+def discard_unused_run_dir() -> None:
+    """Remove this job's run directory if it holds nothing but what Hydra and the claim wrote
+    before the run was refused (its .hydra/, its log, .run.lock): a refused command leaves no
+    directory behind. A directory with anything else in it is left alone."""
+    if not HydraConfig.initialized():
+        return
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    log = f"{HydraConfig.get().job.name}.log"
+    if not run_dir.is_dir() or any(p.name not in (*HYDRA_FILES, log) for p in run_dir.iterdir()):
+        return
+    _claims.pop(run_dir.resolve(), None)
+    shutil.rmtree(run_dir, ignore_errors=True)
+    for parent in run_dir.resolve().parents:  # runs/rl/<env>-<memory>/, if Hydra made them
+        if parent == Path.cwd() or Path.cwd() not in parent.parents or any(parent.iterdir()):
+            break
+        parent.rmdir()
 
 
 def command_line_overrides() -> list[str]:
