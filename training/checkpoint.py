@@ -35,6 +35,7 @@ from training.config import ConfigError
 from training.files import atomic_open, remove_orphans, reporting_disk_full
 from training.metrics import METRICS_FILE, WANDB_ID_FILE
 from training.run_dir import (
+    CHECKPOINT_FILE,
     CONFIG_FILE,
     CURVES_FILE,
     EVAL_FILE,
@@ -44,7 +45,6 @@ from training.run_dir import (
     refuse_claimed,
 )
 
-CHECKPOINT_FILE = "checkpoint.pt"
 DIGEST_KEY = "sha256"  # the checkpoint's digest of the rest of its contents (content_digest)
 BEST_CHECKPOINT_FILE = "best.pt"  # the model at the best logged task metric (for evaluation)
 _SNAPSHOT = re.compile(r"checkpoint_(\d+)\.pt")

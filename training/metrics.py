@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from training.config import ConfigError, check_choice
 from training.files import atomic_open, reporting_disk_full
-from training.run_dir import save_resolved_config
+from training.run_dir import CHECKPOINT_FILE, save_resolved_config
 
 METRICS_FILE = "metrics.jsonl"
 WANDB_ID_FILE = "wandb_run_id"
@@ -198,7 +198,12 @@ class MetricsLogger:
             {key: value if math.isfinite(value) else None for key, value in record.items()},
             allow_nan=False,
         )
-        intact = "the lines before it and the last checkpoint are intact: free space, resume=true"
+        checkpoint = self.run_dir / CHECKPOINT_FILE
+        intact = "the lines before it are intact" + (
+            f", and so is {checkpoint}, the last checkpoint: free space, then resume=true"
+            if checkpoint.exists()
+            else ""
+        )
         with reporting_disk_full(self._file.name, intact):
             self._file.write(line + "\n")
             self._file.flush()

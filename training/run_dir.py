@@ -27,6 +27,7 @@ except ImportError:  # not POSIX: run directories are not claimed
     fcntl = None
 
 CONFIG_FILE = "config.yaml"
+CHECKPOINT_FILE = "checkpoint.pt"  # the latest complete checkpoint (training.checkpoint)
 EVAL_FILE = "eval.json"  # a finished run's evaluation (eval.after_training)
 CURVES_FILE = "curves.png"  # and its learning curves
 CLAIM_FILE = ".run.lock"  # held (flock) by the process that owns the run directory
