@@ -11,8 +11,6 @@ instead. Under `torchrun` every rank steps its own environments and gradients ar
 from __future__ import annotations
 
 import gc
-import importlib
-import inspect
 import json
 import logging
 import math
@@ -32,7 +30,6 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-import envs
 from agents import RECURRENT_KINDS, ActorCritic, RecurrentCore, map_observation
 from agents.learners import (
     ADVANTAGE_SCALES,
@@ -53,14 +50,8 @@ from agents.learners import (
     span_credit,
 )
 from analysis.curves import plot_curves, run_label
-from analysis.probes import (
-    GYM_PATH,
-    SpanProbe,
-    keep_new_memories,
-    success_by_case,
-    success_by_length,
-    task_metric,
-)
+from analysis.probes import SpanProbe, keep_new_memories, success_by_case, success_by_length
+from envs.registry import INFO_KEYS, NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from training import (
     BEST_CHECKPOINT_FILE,
@@ -102,21 +93,9 @@ from training import (
 
 LEARNERS = ("a2c", "ppo")
 PROGRESS_KEYS = ("return", "success", "rooms_reached", "mmer", "memory_size")
-OUTCOMES = {  # what each env reports at the end of an episode, besides return and length
-    "corridor": ("success",),
-    "portal": ("success", "rooms_reached"),
-    "minigrid_memory": ("success",),
-    "gym": ("success",),  # when the env reports it
-    "popgym": (),
-}
-INFO_KEYS = {"success": ("success", "is_success")}  # the names envs give an outcome in `info`
 VECTORIZATIONS = ("auto", "sync", "async")
-ENV_META_KEYS = ("name", "id")
 LIST_IDS = "python -c 'import gymnasium; gymnasium.pprint_registry()'"
 RECORD_SUFFIXES = (".gif", ".mp4", ".txt")  # eval.record: frames, or an ansi trace
-# The paper defines its tasks' step limit as the end of an episode (A.3.1); on every other env
-# a step limit truncates, and the episode's last step bootstraps from its final observation.
-STEP_LIMIT_ENDS_EPISODE = ("corridor", "portal")
 LOSS_KEYS = ("policy_loss", "value_loss", "entropy", "aux_loss", "anchor_kl")  # update means
 # Logged as means over the interval's updates: the losses, the memory size, the KL of the last
 # epoch (PPO: KL(acting || current policy); 0 for A2C) and the epochs run per unroll (fewer
@@ -133,7 +112,8 @@ log = logging.getLogger(__name__)
 def check_config(cfg: DictConfig) -> None:
     """Reject impossible settings before any work is done."""
     check_choice("mode", cfg.mode, ("train", "eval"))
-    check_choice("env", cfg.env.name, OUTCOMES)
+    check_choice("env", cfg.env.name, NAMED_ENVS)
+    env = named_env(cfg.env.name)
     thread_count(cfg.torch_threads)  # auto, or a positive number
     check_choice("agent", cfg.agent.name, LEARNERS)
     check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam", "amsgrad"))
@@ -147,7 +127,7 @@ def check_config(cfg: DictConfig) -> None:
     check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
     if cfg.agent.get("anchor_coef", 0):
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
-        if "success" not in OUTCOMES[cfg.env.name] or cfg.env.name in GYM_PATH:
+        if "success" not in env.outcomes or env.any_gym_id:
             raise ConfigError(
                 f"agent.anchor_coef needs an env that reports success (its anchor_from is a "
                 f"success rate), and env={cfg.env.name} does not; drop agent.anchor_coef"
@@ -166,12 +146,12 @@ def check_config(cfg: DictConfig) -> None:
             "minibatch holds whole environment sequences, so use at most one per environment"
         )
     check_wandb_config(cfg.wandb)
-    if cfg.env.name in GYM_PATH:
+    if env.any_gym_id:
         check_choice("env.vectorization", cfg.env.vectorization, VECTORIZATIONS)
         if cfg.env.max_episode_steps is not None:
             check_positive_int("env.max_episode_steps", cfg.env.max_episode_steps)
     try:  # the env checks its id and its own keyword arguments
-        single = make_single_env(cfg.env)
+        single = make_env(cfg.env)
         single.close()
     except (gym.error.UnregisteredEnv, ImportError) as error:
         raise ConfigError(
@@ -181,7 +161,7 @@ def check_config(cfg: DictConfig) -> None:
     except ValueError as error:
         raise ConfigError(f"env={cfg.env.name}: {error}") from None
     except TypeError as error:  # a keyword argument the env does not take
-        where = "env.kwargs" if cfg.env.name in GYM_PATH else "the env.* settings but name and id"
+        where = "env.kwargs" if env.any_gym_id else "the env.* settings but name and id"
         raise ConfigError(
             f"env={cfg.env.name}: {error}; {where} are the environment's keyword arguments"
         ) from None
@@ -223,60 +203,6 @@ def build_agent(cfg: DictConfig, obs_space: gym.Space, action_space: gym.Space) 
         previous_action=cfg.env.get("previous_action", False),
         previous_reward=cfg.env.get("previous_reward", False),
     )
-
-
-def env_kwargs(env_cfg: DictConfig) -> dict:
-    """The env's keyword arguments: on the Gymnasium path (env=gym, env=popgym) `env.kwargs` and
-    the step limit; for the project's own envs, the env fields other than name and id."""
-    if env_cfg.name not in GYM_PATH:
-        return {k: v for k, v in env_cfg.items() if k not in ENV_META_KEYS and v is not None}
-    kwargs = OmegaConf.to_container(env_cfg.kwargs, resolve=True)
-    if env_cfg.max_episode_steps is not None:
-        kwargs["max_episode_steps"] = env_cfg.max_episode_steps
-    return kwargs
-
-
-def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
-    """The registration of ``env_id``; a `module:Id` id imports the module first, as
-    `gymnasium.make` does."""
-    module, _, name = env_id.rpartition(":")
-    if module:
-        importlib.import_module(module)
-    return gym.spec(name)
-
-
-def make_envs(env_cfg: DictConfig, num_envs: int):
-    """The batched environments training uses, autoresetting in the same step: the env's own
-    batched implementation (its vector entry point) when it has one, else Gymnasium's
-    sync or async vector env (`env.vectorization`)."""
-    kwargs = env_kwargs(env_cfg)
-    if env_cfg.name == "minigrid_memory":
-        return envs.make_minigrid_memory_vec(
-            env_cfg.id, num_envs, autoreset_mode=AutoresetMode.SAME_STEP, **kwargs
-        )
-    mode = env_cfg.get("vectorization", "auto")
-    entry_point = env_spec(env_cfg.id).vector_entry_point
-    if mode == "auto":
-        mode = "vector_entry_point" if entry_point else "sync"
-    autoreset = {"autoreset_mode": AutoresetMode.SAME_STEP}
-    if mode == "vector_entry_point" and takes_keyword(entry_point, "autoreset_mode"):
-        kwargs.update(autoreset)  # (else it resets as it does: `resets_next_step`)
-    return gym.make_vec(
-        env_cfg.id,
-        num_envs=num_envs,
-        vectorization_mode=mode,
-        vector_kwargs=None if mode == "vector_entry_point" else autoreset,
-        **kwargs,
-    )
-
-
-def takes_keyword(entry_point: str | Any, name: str) -> bool:
-    """Whether an env's entry point (a callable or a "module:attr" string) takes keyword
-    argument ``name``."""
-    if isinstance(entry_point, str):
-        entry_point = gym.envs.registration.load_env_creator(entry_point)
-    parameters = inspect.signature(entry_point).parameters.values()
-    return any(p.name == name or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def resets_next_step(vec_env: gym.vector.VectorEnv) -> bool:
@@ -332,15 +258,6 @@ def final_values(
     return value
 
 
-def make_single_env(env_cfg: DictConfig, render_mode: str | None = None) -> gym.Env:
-    kwargs = env_kwargs(env_cfg)
-    if render_mode is not None:  # (envs that never render, as POPGym's, do not take it)
-        kwargs["render_mode"] = render_mode
-    if env_cfg.name == "minigrid_memory":
-        return envs.make_minigrid_memory(env_cfg.id, **kwargs)
-    return gym.make(env_cfg.id, **kwargs)
-
-
 def learner_loss(
     agent_cfg: DictConfig, logits, values, actions, old_log_probs, advantages, returns, mask
 ) -> LossTerms:
@@ -356,7 +273,7 @@ class EpisodeStats:
     Portal), as the info of the step that ended it reports them (`episode_info`)."""
 
     def __init__(self, num_envs: int, env_name: str, extra: tuple[str, ...] = ()) -> None:
-        self.outcomes = OUTCOMES[env_name] + extra  # extra: more keys of the env's final info
+        self.outcomes = named_env(env_name).outcomes + extra  # extra: more final info keys
         self.running_return = np.zeros(num_envs)
         self.running_length = np.zeros(num_envs, dtype=np.int64)
         self.finished: dict[str, list[float]] = {}
@@ -429,12 +346,12 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         steps_per_update = B * T * dist.world_size
         num_updates = math.ceil(cfg.total_steps / steps_per_update)
 
-        vec_env = make_envs(cfg.env, B)
+        vec_env = make_vector_env(cfg.env, B)
         resources.callback(vec_env.close)
         next_step = resets_next_step(vec_env)
         # The paper's tasks end an episode at their step limit; elsewhere a truncated
         # episode's last step bootstraps from the value of its final observation.
-        bootstrap_truncated = cfg.env.name not in STEP_LIMIT_ENDS_EPISODE
+        bootstrap_truncated = not named_env(cfg.env.name).step_limit_ends_episode
         obs, _ = vec_env.reset(seed=rank_seed(cfg.seed, dist.rank))
         agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
         agent.to(dist.device)
@@ -491,7 +408,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         episode_start = torch.ones(B, dtype=torch.bool, device=device)
         resetting = np.zeros(B, dtype=bool)  # next-step envs: this step starts a new episode
         previous = (actions[:, 0].clone(), rewards[:, 0].clone())  # the last action and reward
-        gym_path = cfg.env.name in GYM_PATH
+        gym_path = named_env(cfg.env.name).any_gym_id
         mmer = math.nan  # POPGym's MMER: the best interval mean return so far (gym path)
         stats = EpisodeStats(B, cfg.env.name)
         span_stats = SpanStats()
@@ -801,7 +718,7 @@ def evaluate(cfg: DictConfig) -> None:
             f"memory={trained.memory.kind} agent; drop eval.keep_marked"
         )
     use_host(cfg.torch_threads)
-    single = make_single_env(trained.env)
+    single = make_env(trained.env)
     agent = build_agent(trained, single.observation_space, single.action_space)
     single.close()
     agent.load_state_dict(checkpoint["agent"])
@@ -818,13 +735,13 @@ def evaluate_agent(
     """The outcome of `eval_cfg.episodes` episodes: success or return, memory size and, for
     memory transformers, the span probes; on the Corridor also success by length and case."""
     agent.eval()
-    vec_env = make_envs(env_cfg, eval_cfg.num_envs)
+    vec_env = make_vector_env(env_cfg, eval_cfg.num_envs)
     corridor = env_cfg.name == "corridor"
     probe = None
     if isinstance(agent.core, MemoryTransformer):
         probe = SpanProbe(agent.core, age_bin=math.ceil(agent.core.cfg.max_span / 10))
-    single = make_single_env(env_cfg)
-    word_window = env_cfg.name not in GYM_PATH  # a MazeBase-style window of words
+    single = make_env(env_cfg)
+    word_window = named_env(env_cfg.name).word_window
     vocab = single.get_wrapper_attr("vocab") if word_window else ()
     colors = single.unwrapped.core.cell_kinds.colors if corridor else ()
     single.close()
@@ -895,7 +812,7 @@ def evaluate_agent(
 def record_episode(agent: ActorCritic, env_cfg: DictConfig, path: Path, cfg: DictConfig) -> str:
     """Plays one episode in a single environment and writes its frames to `path`."""
     suffix = path.suffix.lower()  # one of RECORD_SUFFIXES (check_config)
-    env = make_single_env(env_cfg, render_mode="ansi" if suffix == ".txt" else "rgb_array")
+    env = make_env(env_cfg, render_mode="ansi" if suffix == ".txt" else "rgb_array")
     obs, _ = env.reset(seed=eval_seed(cfg.seed))
     state = agent.initial_state(1)
     episode_start, previous = torch.ones(1, dtype=torch.bool), None

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from envs.registry import make_env
 from training.checkpoint import load_checkpoint
 from training.config import exit_on_config_error
 
@@ -49,7 +50,7 @@ def swapped(base: Parameters, other: Parameters, group: str) -> Parameters:
 
 
 def main() -> None:
-    from train_rl import build_agent, evaluate_agent, make_single_env  # as mode=eval does
+    from train_rl import build_agent, evaluate_agent  # as mode=eval does
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("before", type=Path, help="a checkpoint file (e.g. checkpoint_<step>.pt)")
@@ -70,7 +71,7 @@ def main() -> None:
         parser.error(f"{args.before} and {args.after} are not the same agent (parameters differ)")
 
     cfg = OmegaConf.create(checkpoints[0]["config"])
-    env = make_single_env(cfg.env)
+    env = make_env(cfg.env)
     agent = build_agent(cfg, env.observation_space, env.action_space)
     env.close()
     eval_cfg = OmegaConf.merge(cfg.eval, {"episodes": args.episodes, "greedy": args.greedy})

@@ -25,8 +25,8 @@ from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
 from analysis.plot import KIND_STYLES, PlotError, _series, find_run_dirs
-from analysis.probes import task_metric
 from analysis.runs import RL, require_run_kind, saved_config
+from envs.registry import task_metric
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
 
 

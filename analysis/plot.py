@@ -56,8 +56,8 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global state
 from omegaconf import OmegaConf
 
-from analysis.probes import GYM_PATH
 from analysis.runs import LM, run_kind
+from envs.registry import NAMED_ENVS
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
 
 FINAL_POINTS = 5
@@ -258,7 +258,7 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
     is_lm = run_kind(cfg) is LM
     name = str(_config_value(cfg, "task.name" if is_lm else "env.name", run_dir))
     group = name
-    if not is_lm and name in GYM_PATH:  # "popgym:popgym-RepeatPreviousEasy-v0": the id part
+    if not is_lm and name in NAMED_ENVS and NAMED_ENVS[name].any_gym_id:  # the id's part after ":"
         group = str(_config_value(cfg, "env.id", run_dir)).rpartition(":")[2]
     kind = str(_config_value(cfg, "memory.kind", run_dir))
     seed = _config_value(cfg, "seed", run_dir)
@@ -572,13 +572,7 @@ def _metric_candidates(name: str, is_lm: bool) -> tuple[str, ...]:
         if name in TEXT_TASKS:
             return ("valid_bpb", "bpb")
         return ("valid_accuracy", "valid_error", "accuracy", "error")
-    if "corridor" in name:
-        return ("success",)
-    if "portal" in name:
-        return ("rooms_reached",)
-    if name in GYM_PATH:
-        return ("mmer",)
-    return ("return",)
+    return (NAMED_ENVS[name].score,) if name in NAMED_ENVS else ("return",)
 
 
 def _config_value(cfg: Any, key: str, run_dir: Path) -> Any:

@@ -16,33 +16,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 
 from memory import CoreOutput, MemoryState, MemoryTransformer
-
-# The logged metric that says how well an agent does each task: it picks the best checkpoint
-# and is the one learning curves judge (other envs: see `task_metric`).
-TASK_METRICS = {
-    "corridor": "success",
-    "portal": "rooms_reached",
-    "minigrid_memory": "success",
-    "popgym": "return",
-}
-GYM_PATH = ("gym", "popgym")  # env configs that take any Gymnasium id (env.id, env.kwargs)
-
-
-def task_metric(env_name: str, records: Sequence[Mapping[str, Any]]) -> str:
-    """The task metric of a run of ``env_name`` that logged ``records``: the env's own, else
-    `success` if the env reports it (any Gymnasium env's `success` or `is_success`), else the
-    episode return."""
-    if env_name in TASK_METRICS:
-        return TASK_METRICS[env_name]
-    reported = (r.get("success") for r in records)
-    return "success" if any(v is not None and not math.isnan(v) for v in reported) else "return"
 
 
 def success_by_length(

@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from agents.actor_critic import ActorCritic
 from analysis.runs import RL, require_run_kind, saved_config
+from envs.registry import make_env
 from memory.expire_span import SpanPredictor
 from training.checkpoint import kept_checkpoints, load_checkpoint
 from training.config import exit_on_config_error
@@ -77,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = saved_config(args.run_dir)
     if config is not None:
         require_run_kind(parser.prog, args.run_dir, config, RL)
-    from train_rl import build_agent, make_single_env  # the script's builders, as mode=eval
+    from train_rl import build_agent  # the script's builder, as mode=eval
 
     found = kept_checkpoints(args.run_dir)[:: args.every]
     if len(found) < 2:
@@ -89,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cfg = OmegaConf.create(checkpoint["config"])
         if cfg.memory.kind != "expire_span":
             parser.error(f"{path} is a memory={cfg.memory.kind} agent; spans need expire_span")
-        env = env or make_single_env(cfg.env)
+        env = env or make_env(cfg.env)
         agent = build_agent(cfg, env.observation_space, env.action_space)
         agent.load_state_dict(checkpoint["agent"])
         agents.append(agent.eval())

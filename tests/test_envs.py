@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from functools import partial
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -620,3 +621,24 @@ def test_minigrid_memory_vec_reports_success_in_final_info():
 def test_minigrid_wrapper_refuses_other_envs():
     with pytest.raises(TypeError, match="MiniGrid-MemoryS"):
         envs.MiniGridMemoryWrapper(gym.make("MiniGrid-Empty-5x5-v0"))
+
+
+def test_the_env_registry_matches_the_env_configs():
+    """Every configs/env/NAME.yaml has its registry entry and the other way round, and each
+    named env is made, single and batched, from its config as it stands."""
+    from hydra import compose, initialize_config_dir
+
+    from envs.registry import NAMED_ENVS, make_env, make_vector_env
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    assert {path.stem for path in (configs / "env").glob("*.yaml")} == set(NAMED_ENVS)
+    for name, entry in NAMED_ENVS.items():
+        with initialize_config_dir(config_dir=str(configs), version_base=None):
+            cfg = compose("rl", overrides=[f"env={name}"])
+        assert cfg.env.name == name
+        single = make_env(cfg.env)
+        vector = make_vector_env(cfg.env, 2)
+        assert vector.single_observation_space == single.observation_space
+        assert entry.metric is None or entry.metric in (*entry.outcomes, "return")
+        single.close()
+        vector.close()

@@ -19,6 +19,7 @@ from learning import curves, train_on_seeds
 from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RUN
 
 from agents.encoders import FlatEncoder
+from envs.registry import make_env, make_vector_env
 from scripts import load_script
 from training import ConfigError
 
@@ -128,7 +129,7 @@ def test_the_corridor_agent_keeps_its_parameters():
     the window as it did: checkpoints of earlier runs stay valid."""
     train_rl = load_script("train_rl")
     cfg = compose_rl(["env=corridor"])  # the default agent
-    env = train_rl.make_single_env(cfg.env)
+    env = make_env(cfg.env)
     dim, window = cfg.memory.dim, env.observation_space.shape
     core = train_rl.build_core(cfg.memory)
     torch.manual_seed(0)
@@ -214,7 +215,7 @@ def test_a_truncated_episode_bootstraps_from_its_final_observation(
         ]
     )
     train_rl.train(cfg, None)
-    assert train_rl.resets_next_step(train_rl.make_envs(cfg.env, 2)) == (vectorization == "auto")
+    assert train_rl.resets_next_step(make_vector_env(cfg.env, 2)) == (vectorization == "auto")
     (returns,) = targets
     assert returns.numel() >= STEPS_PER_UPDATE * 3 // 4
     torch.testing.assert_close(returns, torch.full_like(returns, 5.0))
@@ -225,7 +226,7 @@ def test_cartpole_runs_on_its_own_vector_env(tmp_path):
     in the next step: the default vectorisation uses it and trains."""
     cfg = compose_rl(["env=gym", "env.id=CartPole-v1"])
     train_rl = load_script("train_rl")
-    vec_env = train_rl.make_envs(cfg.env, 4)
+    vec_env = make_vector_env(cfg.env, 4)
     assert type(vec_env).__name__ == "CartPoleVectorEnv" and train_rl.resets_next_step(vec_env)
     result = run(["env=gym", "env.id=CartPole-v1", *TINY_RUN, *TINY_MEMORY, TWO_UPDATES], tmp_path)
     assert result.returncode == 0, result.stderr

@@ -269,7 +269,7 @@ def test_a_popgym_sweep_is_grouped_by_task_and_memory_kind(tmp_path, capsys):
     ("cfg", "logged", "metric", "last"),
     [
         (rl_config("expire_span", 100, 0, env="portal"), "rooms_reached", "rooms_reached", 5),
-        (rl_config("expire_span", 100, 0, env="minigrid_memory"), "return", "return", 5),
+        (rl_config("expire_span", 100, 0, env="minigrid_memory"), "success", "success", 5),
         (
             {"task": {"name": "enwik8"}, "memory": {"kind": "expire_span"}, "seed": 0},
             "valid_bpb",

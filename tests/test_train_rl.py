@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RL, TINY_RUN
 
 from agents import RECURRENT_KINDS
+from envs.registry import make_env
 from memory import kind_names
 from scripts import load_script, record_closing
 from training import rank_seed, save_resolved_config
@@ -262,7 +263,7 @@ def test_a_failing_run_closes_its_logger_envs_and_process_group(tmp_path, monkey
     train_rl = load_script("train_rl")
     closed = record_closing(monkeypatch)
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
-    make_envs = train_rl.make_envs
+    make_envs = train_rl.make_vector_env
 
     def spied_envs(*args):
         vec_env = make_envs(*args)
@@ -270,7 +271,7 @@ def test_a_failing_run_closes_its_logger_envs_and_process_group(tmp_path, monkey
         vec_env.close = lambda: (closed.append("envs"), close())
         return vec_env
 
-    monkeypatch.setattr(train_rl, "make_envs", spied_envs)
+    monkeypatch.setattr(train_rl, "make_vector_env", spied_envs)
 
     def fail(*args, **kwargs):
         raise RuntimeError("learner failed")
@@ -490,7 +491,7 @@ def test_evaluation_plays_layouts_training_never_started_from(monkeypatch):
     """Training env i of rank r starts from seed + r * stride + i; evaluation's envs start
     from seeds none of those reach (torchrun jobs of up to 8 ranks of 1024 envs here)."""
     train_rl = load_script("train_rl")
-    seeds, make_envs = [], train_rl.make_envs
+    seeds, make_envs = [], train_rl.make_vector_env
 
     def spied_envs(*args):
         vec_env = make_envs(*args)
@@ -498,10 +499,10 @@ def test_evaluation_plays_layouts_training_never_started_from(monkeypatch):
         vec_env.reset = lambda seed=None, **kwargs: (seeds.append(seed), reset(seed=seed))[1]
         return vec_env
 
-    monkeypatch.setattr(train_rl, "make_envs", spied_envs)
+    monkeypatch.setattr(train_rl, "make_vector_env", spied_envs)
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose("rl", overrides=[*TINY_RL, "eval.episodes=4", "seed=3"])
-    single = train_rl.make_single_env(cfg.env)
+    single = make_env(cfg.env)
     agent = train_rl.build_agent(cfg, single.observation_space, single.action_space)
     train_rl.evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
     (first,) = seeds
