@@ -22,15 +22,22 @@ from typing import Any
 
 import gymnasium as gym
 import hydra
-import imageio
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import concatenate, create_empty_array
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from agents import RECURRENT_KINDS, ActorCritic, RecurrentCore, map_observation
+from agents import RECURRENT_KINDS, ActorCritic, map_observation
+from agents.build import build_agent, build_core
+from agents.episodes import (
+    EpisodeStats,
+    after_step,
+    episode_info,
+    resets_next_step,
+    to_device,
+)
+from agents.evaluation import evaluate_agent, record_episode
 from agents.learners import (
     ADVANTAGE_SCALES,
     ALL,
@@ -50,9 +57,8 @@ from agents.learners import (
     span_credit,
 )
 from analysis.curves import plot_curves, run_label
-from analysis.probes import SpanProbe, keep_new_memories, success_by_case, success_by_length
-from envs.registry import INFO_KEYS, NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
-from memory import MemoryConfig, MemoryTransformer, kind_names
+from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
+from memory import kind_names
 from training import (
     BEST_CHECKPOINT_FILE,
     CURVES_FILE,
@@ -72,7 +78,6 @@ from training import (
     check_whole,
     check_writable_file,
     describe_preset,
-    eval_seed,
     eval_writes_nothing,
     exit_on_config_error,
     gather_rank_states,
@@ -187,55 +192,6 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"env.id={cfg.env.id}: {error}") from None
 
 
-def build_core(memory_cfg: DictConfig) -> torch.nn.Module:
-    fields = OmegaConf.to_container(memory_cfg, resolve=True)
-    if fields["kind"] in RECURRENT_KINDS:
-        return RecurrentCore(fields["dim"], fields.get("num_layers", 1), fields["kind"])
-    return MemoryTransformer(MemoryConfig(**fields))
-
-
-def build_agent(cfg: DictConfig, obs_space: gym.Space, action_space: gym.Space) -> ActorCritic:
-    return ActorCritic(
-        obs_space,
-        action_space,
-        build_core(cfg.memory),
-        cfg.memory.dim,
-        previous_action=cfg.env.get("previous_action", False),
-        previous_reward=cfg.env.get("previous_reward", False),
-    )
-
-
-def resets_next_step(vec_env: gym.vector.VectorEnv) -> bool:
-    """Whether ``vec_env`` resets an env in the step after the one that ended its episode
-    (Gymnasium's next-step autoreset, as CartPole's own vector env does) rather than in the
-    same step. That reset step ignores the action and ends nothing."""
-    mode = AutoresetMode(vec_env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
-    if mode == AutoresetMode.DISABLED:
-        raise ConfigError(
-            "the vector env does not reset its envs itself (autoreset disabled); use "
-            "env.vectorization=sync"
-        )
-    return mode == AutoresetMode.NEXT_STEP
-
-
-def after_step(
-    ended: np.ndarray, resetting: np.ndarray, next_step: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Which envs start an episode with the next step, and which envs' next step is a reset
-    step (the action not taken), after a step that ended the episodes ``ended`` and was a
-    reset step for ``resetting``: a same-step env starts the next episode at once, a
-    next-step env one step later."""
-    if next_step:
-        return resetting, ended
-    return ended, resetting
-
-
-def episode_info(info: dict, next_step: bool) -> dict:
-    """The info of the episodes that ended in a step: ``final_info`` when the envs reset in
-    the same step, the step's own info when they reset in the next."""
-    return info if next_step else info.get("final_info", {})
-
-
 def final_values(
     agent: ActorCritic,
     vec_env: gym.vector.VectorEnv,
@@ -265,74 +221,6 @@ def learner_loss(
         clip = agent_cfg.clip
         return ppo_loss(logits, values, actions, old_log_probs, advantages, returns, clip, mask)
     return actor_critic_loss(logits, values, actions, advantages, returns, mask)
-
-
-class EpisodeStats:
-    """Running returns and lengths of a batch of environments, and the task's outcome of every
-    episode that ends (`success`, or a Gymnasium env's `is_success`, and `rooms_reached` for
-    Portal), as the info of the step that ended it reports them (`episode_info`)."""
-
-    def __init__(self, num_envs: int, env_name: str, extra: tuple[str, ...] = ()) -> None:
-        self.outcomes = named_env(env_name).outcomes + extra  # extra: more final info keys
-        self.running_return = np.zeros(num_envs)
-        self.running_length = np.zeros(num_envs, dtype=np.int64)
-        self.finished: dict[str, list[float]] = {}
-
-    def record(
-        self,
-        reward: np.ndarray,
-        done: np.ndarray,
-        final_info: dict,
-        counted: np.ndarray,
-        kept: np.ndarray | None = None,
-    ) -> None:
-        """One step: its rewards, which episodes it ended and their info (`episode_info`);
-        ``counted``: False for a reset step, which belongs to no episode; ``kept``: False for
-        an environment whose finished episodes are no longer wanted (evaluation's quotas)."""
-        self.running_return += reward
-        self.running_length += counted
-        ended = done if kept is None else done & kept
-        if ended.any():
-            self._add("return", self.running_return[ended])
-            self._add("episode_length", self.running_length[ended])
-            for key in self.outcomes:
-                reported = [name for name in INFO_KEYS.get(key, (key,)) if name in final_info]
-                if reported:
-                    present = final_info[f"_{reported[0]}"] & ended
-                    self._add(key, final_info[reported[0]][present])
-        self.running_return[done] = 0.0
-        self.running_length[done] = 0
-
-    def _add(self, key: str, values: np.ndarray) -> None:
-        self.finished.setdefault(key, []).extend(values.astype(float).tolist())
-
-    def state_dict(self) -> dict[str, Any]:
-        """The running episodes and the finished ones not yet summarised, as tensors and lists."""
-        return {
-            "running_return": torch.from_numpy(self.running_return.copy()),
-            "running_length": torch.from_numpy(self.running_length.copy()),
-            "finished": {key: list(values) for key, values in self.finished.items()},
-        }
-
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
-        self.running_return = saved["running_return"].numpy().copy()
-        self.running_length = saved["running_length"].numpy().copy()
-        self.finished = {key: list(values) for key, values in saved["finished"].items()}
-
-    @property
-    def episodes(self) -> int:
-        return len(self.finished.get("return", []))
-
-    def summary(self) -> dict[str, float]:
-        """Means over the episodes finished since the last summary (NaN when none did), then
-        forget them. The keys are always the same, so ranks can average them."""
-        means = {
-            key: float(np.mean(self.finished[key])) if self.finished.get(key) else math.nan
-            for key in ("return", "episode_length", *self.outcomes)
-        }
-        means["episodes"] = self.episodes
-        self.finished = {}
-        return means
 
 
 def train(cfg: DictConfig, checkpoint: dict | None) -> None:
@@ -666,12 +554,6 @@ def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> 
     )
 
 
-def to_device(obs: Any, device: torch.device | str) -> Any:
-    """An observation (an array, or a tuple or dict of them) as tensors on ``device``, each
-    with its own dtype."""
-    return map_observation(lambda x: torch.as_tensor(x, device=device), obs)
-
-
 def store_step(obs_buf: Any, t: int, obs: Any) -> None:
     """obs_buf[:, t] = obs, for each tensor of a structured observation."""
     map_observation(lambda buffer, x: buffer[:, t].copy_(x), obs_buf, obs)
@@ -725,113 +607,9 @@ def evaluate(cfg: DictConfig) -> None:
     result = evaluate_agent(agent, trained.env, cfg.eval, cfg.seed)
     result["checkpoint"] = str(cfg.checkpoint)
     if cfg.eval.record:
-        result["record"] = record_episode(agent, trained.env, Path(cfg.eval.record), cfg)
+        path = Path(cfg.eval.record)
+        result["record"] = record_episode(agent, trained.env, path, cfg.seed, cfg.eval.greedy)
     print(json.dumps(result))
-
-
-def evaluate_agent(
-    agent: ActorCritic, env_cfg: DictConfig, eval_cfg: DictConfig, seed: int
-) -> dict:
-    """The outcome of `eval_cfg.episodes` episodes: success or return, memory size and, for
-    memory transformers, the span probes; on the Corridor also success by length and case."""
-    agent.eval()
-    vec_env = make_vector_env(env_cfg, eval_cfg.num_envs)
-    corridor = env_cfg.name == "corridor"
-    probe = None
-    if isinstance(agent.core, MemoryTransformer):
-        probe = SpanProbe(agent.core, age_bin=math.ceil(agent.core.cfg.max_span / 10))
-    single = make_env(env_cfg)
-    word_window = named_env(env_cfg.name).word_window
-    vocab = single.get_wrapper_attr("vocab") if word_window else ()
-    colors = single.unwrapped.core.cell_kinds.colors if corridor else ()
-    single.close()
-    probe_word = vocab.index(eval_cfg.probe_word) if eval_cfg.probe_word in vocab else None
-
-    device = next(agent.parameters()).device
-    next_step = resets_next_step(vec_env)
-    obs, _ = vec_env.reset(seed=eval_seed(seed))  # layouts that training never started from
-    obs = to_device(obs, device)
-    episode_start = torch.ones(eval_cfg.num_envs, dtype=torch.bool, device=device)
-    resetting = np.zeros(eval_cfg.num_envs, dtype=bool)
-    previous = None
-    state = agent.initial_state(eval_cfg.num_envs, device)
-    layout = ("cue_color", "good_door_north")  # the Corridor's case, not averaged below
-    extra = ("corridor_length", *layout) if corridor else ()
-    stats = EpisodeStats(eval_cfg.num_envs, env_cfg.name, extra)
-    memory_sizes = []
-    # Every environment plays its share of the episodes, so that exactly eval.episodes are
-    # counted and short episodes are not favoured (as stopping at the first N to end would).
-    remaining = np.array(
-        [(eval_cfg.episodes + i) // eval_cfg.num_envs for i in range(eval_cfg.num_envs)]
-    )
-    while remaining.any():
-        action, _, _, out = agent.act(obs, state, episode_start, previous, eval_cfg.greedy)
-        state = out.state
-        memory_sizes.append(out.memory_size)
-        if probe is not None:  # the memories written at this step saw `obs`
-            in_view = None if probe_word is None else obs.flatten(1, -2)[..., probe_word] != 0
-            in_view = None if in_view is None else in_view.any(1)
-            probe.observe(out, in_view)
-            if eval_cfg.keep_marked and in_view is not None:
-                keep_new_memories(state, in_view, agent.core.cfg.max_span)
-        next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
-        done = terminated | truncated
-        kept = remaining > 0
-        stats.record(reward, done, episode_info(info, next_step), ~resetting, kept)
-        remaining -= done & kept
-        obs = to_device(next_obs, device)
-        starting, resetting = after_step(done, resetting, next_step)
-        episode_start = torch.as_tensor(starting, device=device)
-        previous = (action, torch.as_tensor(reward, dtype=torch.float32, device=device))
-    vec_env.close()
-    finished = stats.finished  # (summary() forgets them)
-    result = {  # (an outcome the env never reported is left out)
-        key: value
-        for key, value in stats.summary().items()
-        if key not in layout and not math.isnan(value)
-    }
-    result["memory_size"] = float(np.mean(memory_sizes))
-    if corridor:
-        result["success_by_length"] = success_by_length(
-            finished["corridor_length"],
-            finished["success"],
-            env_cfg.min_length,
-            env_cfg.max_length,
-            eval_cfg.length_bins,
-        )
-        result["success_by_case"] = success_by_case(
-            finished["cue_color"], finished["good_door_north"], finished["success"], colors
-        )
-    if probe is not None:
-        result["spans"] = probe.summary()
-        result["spans"]["marked_by"] = eval_cfg.probe_word if probe_word is not None else None
-        result["spans"]["marked_kept"] = bool(eval_cfg.keep_marked)
-    return result
-
-
-def record_episode(agent: ActorCritic, env_cfg: DictConfig, path: Path, cfg: DictConfig) -> str:
-    """Plays one episode in a single environment and writes its frames to `path`."""
-    suffix = path.suffix.lower()  # one of RECORD_SUFFIXES (check_config)
-    env = make_env(env_cfg, render_mode="ansi" if suffix == ".txt" else "rgb_array")
-    obs, _ = env.reset(seed=eval_seed(cfg.seed))
-    state = agent.initial_state(1)
-    episode_start, previous = torch.ones(1, dtype=torch.bool), None
-    frames, done = [env.render()], False
-    while not done:
-        batch = map_observation(lambda x: torch.as_tensor(x)[None], obs)
-        action, _, _, out = agent.act(batch, state, episode_start, previous, cfg.eval.greedy)
-        state, episode_start = out.state, torch.zeros(1, dtype=torch.bool)
-        obs, reward, terminated, truncated, _ = env.step(action[0].tolist())
-        previous = (action, torch.tensor([reward], dtype=torch.float32))
-        frames.append(env.render())
-        done = terminated or truncated
-    env.close()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if suffix == ".txt":
-        path.write_text("\n\n".join(frames))
-    else:
-        imageio.mimsave(path, frames, **({"duration": 0.15} if suffix == ".gif" else {"fps": 8}))
-    return str(path)
 
 
 @hydra.main(config_path="configs", config_name="rl", version_base=None)

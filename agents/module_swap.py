@@ -22,6 +22,8 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
+from agents.build import build_agent
+from agents.evaluation import evaluate_agent
 from envs.registry import make_env
 from training.checkpoint import load_checkpoint
 from training.config import exit_on_config_error
@@ -50,8 +52,6 @@ def swapped(base: Parameters, other: Parameters, group: str) -> Parameters:
 
 
 def main() -> None:
-    from train_rl import build_agent, evaluate_agent  # as mode=eval does
-
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("before", type=Path, help="a checkpoint file (e.g. checkpoint_<step>.pt)")
     parser.add_argument("after", type=Path, help="a later checkpoint of the same agent")

@@ -23,6 +23,7 @@ import torch
 from omegaconf import OmegaConf
 
 from agents.actor_critic import ActorCritic
+from agents.build import build_agent
 from analysis.runs import RL, require_run_kind, saved_config
 from envs.registry import make_env
 from memory.expire_span import SpanPredictor
@@ -78,8 +79,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     config = saved_config(args.run_dir)
     if config is not None:
         require_run_kind(parser.prog, args.run_dir, config, RL)
-    from train_rl import build_agent  # the script's builder, as mode=eval
-
     found = kept_checkpoints(args.run_dir)[:: args.every]
     if len(found) < 2:
         parser.error(f"{args.run_dir}: needs two or more checkpoint_<step>.pt (checkpoint_keep)")

@@ -18,7 +18,9 @@ from hydra import compose, initialize_config_dir
 from learning import curves, train_on_seeds
 from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RUN
 
+from agents.build import build_agent, build_core
 from agents.encoders import FlatEncoder
+from agents.episodes import resets_next_step
 from envs.registry import make_env, make_vector_env
 from scripts import load_script
 from training import ConfigError
@@ -127,11 +129,10 @@ def test_the_corridor_agent_keeps_its_parameters():
     """A state dict of the earlier Corridor agent, whose encoder was Sequential(Linear, ReLU)
     over the flattened word window (`encoder.0`), loads as it is into today's, which encodes
     the window as it did: checkpoints of earlier runs stay valid."""
-    train_rl = load_script("train_rl")
     cfg = compose_rl(["env=corridor"])  # the default agent
     env = make_env(cfg.env)
     dim, window = cfg.memory.dim, env.observation_space.shape
-    core = train_rl.build_core(cfg.memory)
+    core = build_core(cfg.memory)
     torch.manual_seed(0)
     earlier = {
         "encoder.0.weight": torch.randn(dim, math.prod(window)),
@@ -142,7 +143,7 @@ def test_the_corridor_agent_keeps_its_parameters():
         "value.weight": torch.randn(1, dim),
         "value.bias": torch.randn(1),
     }
-    agent = train_rl.build_agent(cfg, env.observation_space, env.action_space)
+    agent = build_agent(cfg, env.observation_space, env.action_space)
     agent.load_state_dict(earlier)  # strict: the same names and shapes, nothing more
     obs = torch.as_tensor(np.stack([env.reset(seed=seed)[0] for seed in range(3)]))
     weight, bias = earlier["encoder.0.weight"], earlier["encoder.0.bias"]
@@ -215,7 +216,7 @@ def test_a_truncated_episode_bootstraps_from_its_final_observation(
         ]
     )
     train_rl.train(cfg, None)
-    assert train_rl.resets_next_step(make_vector_env(cfg.env, 2)) == (vectorization == "auto")
+    assert resets_next_step(make_vector_env(cfg.env, 2)) == (vectorization == "auto")
     (returns,) = targets
     assert returns.numel() >= STEPS_PER_UPDATE * 3 // 4
     torch.testing.assert_close(returns, torch.full_like(returns, 5.0))
@@ -225,9 +226,8 @@ def test_cartpole_runs_on_its_own_vector_env(tmp_path):
     """CartPole-v1 registers a vector env of its own, which takes no autoreset_mode and resets
     in the next step: the default vectorisation uses it and trains."""
     cfg = compose_rl(["env=gym", "env.id=CartPole-v1"])
-    train_rl = load_script("train_rl")
     vec_env = make_vector_env(cfg.env, 4)
-    assert type(vec_env).__name__ == "CartPoleVectorEnv" and train_rl.resets_next_step(vec_env)
+    assert type(vec_env).__name__ == "CartPoleVectorEnv" and resets_next_step(vec_env)
     result = run(["env=gym", "env.id=CartPole-v1", *TINY_RUN, *TINY_MEMORY, TWO_UPDATES], tmp_path)
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").open()]

@@ -16,7 +16,9 @@ from learning import curves, train_on_seeds
 from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RL, TINY_RUN
 
+import agents.evaluation
 from agents import RECURRENT_KINDS
+from agents.build import build_agent
 from envs.registry import make_env
 from memory import kind_names
 from scripts import load_script, record_closing
@@ -490,8 +492,7 @@ def test_logged_losses_are_means_over_every_minibatch_of_the_interval(tmp_path, 
 def test_evaluation_plays_layouts_training_never_started_from(monkeypatch):
     """Training env i of rank r starts from seed + r * stride + i; evaluation's envs start
     from seeds none of those reach (torchrun jobs of up to 8 ranks of 1024 envs here)."""
-    train_rl = load_script("train_rl")
-    seeds, make_envs = [], train_rl.make_vector_env
+    seeds, make_envs = [], agents.evaluation.make_vector_env
 
     def spied_envs(*args):
         vec_env = make_envs(*args)
@@ -499,12 +500,12 @@ def test_evaluation_plays_layouts_training_never_started_from(monkeypatch):
         vec_env.reset = lambda seed=None, **kwargs: (seeds.append(seed), reset(seed=seed))[1]
         return vec_env
 
-    monkeypatch.setattr(train_rl, "make_vector_env", spied_envs)
+    monkeypatch.setattr(agents.evaluation, "make_vector_env", spied_envs)
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose("rl", overrides=[*TINY_RL, "eval.episodes=4", "seed=3"])
     single = make_env(cfg.env)
-    agent = train_rl.build_agent(cfg, single.observation_space, single.action_space)
-    train_rl.evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
+    agent = build_agent(cfg, single.observation_space, single.action_space)
+    agents.evaluation.evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
     (first,) = seeds
     evaluated = {first + i for i in range(cfg.eval.num_envs)}
     trained = {rank_seed(cfg.seed, rank) + i for rank in range(8) for i in range(1024)}

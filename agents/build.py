@@ -1,0 +1,33 @@
+"""An agent from a run's config: the memory core (`memory.*`) inside the actor-critic, for the
+env's observation and action spaces."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from agents.actor_critic import ActorCritic
+from agents.recurrent import RECURRENT_KINDS, RecurrentCore
+from memory import MemoryConfig, MemoryTransformer
+
+
+def build_core(memory_cfg: DictConfig) -> torch.nn.Module:
+    """The memory core `memory.kind` names: a memory transformer, or a recurrent baseline."""
+    fields = OmegaConf.to_container(memory_cfg, resolve=True)
+    if fields["kind"] in RECURRENT_KINDS:
+        return RecurrentCore(fields["dim"], fields.get("num_layers", 1), fields["kind"])
+    return MemoryTransformer(MemoryConfig(**fields))
+
+
+def build_agent(cfg: DictConfig, obs_space: gym.Space, action_space: gym.Space) -> ActorCritic:
+    """The actor-critic of a run's config (`memory`, and the env's previous-action and
+    previous-reward inputs) for these spaces."""
+    return ActorCritic(
+        obs_space,
+        action_space,
+        build_core(cfg.memory),
+        cfg.memory.dim,
+        previous_action=cfg.env.get("previous_action", False),
+        previous_reward=cfg.env.get("previous_reward", False),
+    )
