@@ -658,9 +658,12 @@ def test_disk_full_while_checkpointing_is_one_error_naming_the_intact_checkpoint
     monkeypatch.setattr(os, "fsync", _no_space)
     with pytest.raises(DiskFullError) as error:
         save_checkpoint(tmp_path, {"weights": torch.zeros(4), "step": 200})
+    with pytest.raises(DiskFullError) as best:  # best.pt: the resume point is still named
+        save_checkpoint(tmp_path, {"step": 200}, filename="best.pt")
     monkeypatch.undo()
     path = tmp_path / "checkpoint.pt"
     assert f"{path}, the last complete checkpoint, is intact" in str(error.value)
+    assert f"{path}, the last complete checkpoint, is intact" in str(best.value)
     assert load_checkpoint(tmp_path)["step"] == 100
     assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt"]
 

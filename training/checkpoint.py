@@ -96,9 +96,10 @@ def save_checkpoint(
     path = run_dir / filename
     contents = io.BytesIO()  # serialised first, so a full disk fails in our own write
     torch.save(state, contents)
+    latest = run_dir / CHECKPOINT_FILE  # what a resume reads, whichever file is written
     intact = (
-        f"{path}, the last complete checkpoint, is intact: free space, then resume=true"
-        if path.exists()
+        f"{latest}, the last complete checkpoint, is intact: free space, then resume=true"
+        if latest.exists()
         else "no checkpoint of this run was complete yet"
     )
     with reporting_disk_full(path, intact), atomic_open(path, "wb") as file:
