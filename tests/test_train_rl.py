@@ -216,7 +216,8 @@ def test_resume_continues_the_saved_config_and_refuses_to_change_it(tmp_path):
     fields that may change (total_steps, intervals, ...) come from the command line, and an
     override of any other field is a config error that names it."""
     run_dir = tmp_path / "run"
-    result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
+    constant = "agent.lr_schedule=constant"  # (a rate that does not follow total_steps)
+    result = run([*TINY_RL, constant, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
     assert result.returncode == 0, result.stderr
     written = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
 
