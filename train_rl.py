@@ -54,7 +54,6 @@ from agents.learners import (
     normalised,
     policy_kl,
     ppo_loss,
-    span_credit,
 )
 from analysis.curves import plot_curves, run_label
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
@@ -243,11 +242,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         obs, _ = vec_env.reset(seed=rank_seed(cfg.seed, dist.rank))
         agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
         agent.to(dist.device)
-        # Exploring spans (memory.span_noise): acting draws spans with noise, and the learner
-        # credits each memory with the return after it. The state draws its noise streams
-        # here, before a resumed run restores the RNG state it saved.
-        explore_spans = cfg.memory.get("span_noise", 0) > 0  # (kinds without it ignore both)
-        state = agent.initial_state(B, dist.device, explore=explore_spans)
+        state = agent.initial_state(B, dist.device)
         ddp_agent = (  # (the agent itself in a single process)
             DistributedDataParallel(agent, broadcast_buffers=False)
             if dist.world_size > 1
@@ -377,9 +372,6 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             mask = None if bool(valid.all()) else valid
             if cfg.agent.name == "ppo":
                 advantages = normalised(advantages, returns, cfg.agent.advantage_scale, mask)
-            credits = None
-            if explore_spans:
-                credits = span_credit(rewards, values, dones, bootstrap_value, cfg.agent.gamma)
             # What the agent saw before each step: the unroll's actions and rewards, shifted.
             previous_actions, previous_rewards = (
                 torch.cat([first[:, None], later[:, :-1]], dim=1)
@@ -394,18 +386,14 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                 anchor_logits = anchor.policy(obs_buf, starts, (previous_actions, previous_rewards))
             losses = dict.fromkeys(LOSS_KEYS, torch.zeros((), device=device))
             epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
-            for epoch in range(cfg.agent.epochs):
+            for _ in range(cfg.agent.epochs):
                 epochs_run, epoch_kl = epochs_run + 1, 0.0
                 for index in minibatches(B, cfg.agent.minibatches):
                     start = unroll_state if index is ALL else unroll_state.select(index)
-                    # The spans' policy gradient is taken once per sample: it has no ratio
-                    # or clip, as PPO's, to correct for a policy that has moved since acting.
-                    credit = None if credits is None or epoch > 0 else credits[index]
                     logits, new_values, out = ddp_agent(
                         select_envs(obs_buf, index),
                         start,
                         starts[index],
-                        credit,
                         (previous_actions[index], previous_rewards[index]),
                     )
                     minibatch_mask = None if mask is None else mask[index]

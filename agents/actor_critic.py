@@ -101,12 +101,9 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(self.value.weight, gain=1.0)
         nn.init.zeros_(self.value.bias)
 
-    def initial_state(
-        self, batch_size: int, device: torch.device | str = "cpu", explore: bool = False
-    ):
-        """The core's empty state; ``explore``: the state of an agent that learns as it acts
-        (Expire-Span's exploring spans, ``memory.span_noise``)."""
-        return self.core.initial_state(batch_size, device, explore)
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu"):
+        """The core's empty state."""
+        return self.core.initial_state(batch_size, device)
 
     def encode(
         self, obs: Any, episode_start: torch.Tensor, previous: Previous | None = None
@@ -135,15 +132,13 @@ class ActorCritic(nn.Module):
         obs: Any,
         state,
         episode_start: torch.Tensor,
-        span_credit: torch.Tensor | None = None,
         previous: Previous | None = None,
     ) -> tuple[Logits, torch.Tensor, CoreOutput]:
         """Block mode: obs (B, T, *obs_shape), episode_start (B, T) -> logits (B, T, A) (a
         tuple of them, one per component, for MultiDiscrete actions), values (B, T) and the
-        core's output. ``span_credit`` (B, T): the return credited to each step's memories
-        (exploring spans)."""
+        core's output."""
         x = self.encode(obs, episode_start, previous)
-        out = self.core(x, state, episode_start, span_credit)
+        out = self.core(x, state, episode_start)
         return self.policy(out.hidden), self.value(out.hidden).squeeze(-1), out
 
     @torch.no_grad()

@@ -124,7 +124,7 @@ class PolicyAnchor:
     def policy(self, obs, episode_start: torch.Tensor, previous) -> Logits:
         """The anchor's logits over an unroll (block mode, from its own memory, which it
         carries on to the next unroll)."""
-        logits, _, out = self.model(obs, self.state, episode_start, None, previous)
+        logits, _, out = self.model(obs, self.state, episode_start, previous)
         self.state = out.state
         return logits
 
@@ -190,24 +190,6 @@ def normalised(
     if scale == "returns":
         return centred / returns.square().mean().sqrt().clamp_min(1e-8)
     return centred
-
-
-def span_credit(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    dones: torch.Tensor,
-    bootstrap_value: torch.Tensor,
-    gamma: float,
-) -> torch.Tensor:
-    """The credit of exploring spans (``memory.span_noise``) for each step's memories: the
-    return after the step minus its value (lambda = 1: GAE's 0.95 would leave 0.95^150 of a
-    reward 150 steps on), centred, in units of the returns but never of a spread above 1.
-    No ratio clip bounds the spans' policy gradient, so credits must not blow up when the
-    returns are all about 0, as "returns" scaling alone would."""
-    credit, returns = generalized_advantages(rewards, values, dones, bootstrap_value, gamma, 1.0)
-    centred = credit - credit.mean()
-    scale = torch.maximum(returns.square().mean().sqrt(), credit.std())
-    return centred / scale.clamp_min(1e-8)
 
 
 def ppo_loss(

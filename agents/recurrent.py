@@ -56,10 +56,8 @@ class RecurrentCore(nn.Module):
         self.add_module(kind, rnn)  # named `lstm` or `gru` in the state_dict
         self.norm = nn.LayerNorm(dim)
 
-    def initial_state(
-        self, batch_size: int, device: torch.device | str = "cpu", explore: bool = False
-    ) -> RecurrentState:
-        """Zeros (``explore`` changes nothing: a recurrent core has no spans to explore)."""
+    def initial_state(self, batch_size: int, device: torch.device | str = "cpu") -> RecurrentState:
+        """Zeros."""
         zeros = torch.zeros(self.num_layers, batch_size, self.dim, device=device)
         return RecurrentState(zeros, zeros.clone() if self.kind == "lstm" else None)
 
@@ -82,10 +80,8 @@ class RecurrentCore(nn.Module):
         x: torch.Tensor,
         state: RecurrentState,
         episode_start: torch.Tensor | None = None,
-        span_credit: torch.Tensor | None = None,
     ):
-        """Block mode: x (B, K, dim), episode_start (B, K) bool (``span_credit``: no spans,
-        ignored)."""
+        """Block mode: x (B, K, dim), episode_start (B, K) bool."""
         if episode_start is None:
             hidden, state = self._run(x, state)
         else:

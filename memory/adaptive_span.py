@@ -15,7 +15,7 @@ from torch import Tensor, nn
 
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, Read, ramp_mask
-from memory.store import LayerMemory, Slots
+from memory.store import Slots
 
 
 class AdaptiveSpan(MemoryKind):
@@ -37,7 +37,7 @@ class AdaptiveSpan(MemoryKind):
         start = 1 + (self.spans()[:, None] + relative[:, None, :]) / self.ramp  # (B, H, N)
         return ramp_mask(start, offsets, self.ramp)  # (B, H, Q, N)
 
-    def loss(self, mask: Tensor, slots: Slots, call: Call, memory: LayerMemory) -> Tensor:
+    def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         return self.coef * self.spans().mean()
 
     def span_parameters(self) -> list[nn.Parameter]:

@@ -52,9 +52,9 @@ class Compressive(MemoryKind):
         return begin + self.rate * groups.clamp_min(0)
 
     def initial_memory(
-        self, batch: int, device: torch.device | str, dtype: torch.dtype, explore: bool
+        self, batch: int, device: torch.device | str, dtype: torch.dtype
     ) -> LayerMemory:
-        memory = super().initial_memory(batch, device, dtype, explore)
+        memory = super().initial_memory(batch, device, dtype)
         return memory.replace(compressed=self.empty_store(batch, device, dtype, with_span=False))
 
     def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:

@@ -36,10 +36,6 @@ class MemoryConfig:
     renormalise: bool = True
     scaled_span: bool = False  # expire_span: eq. 8, e = L sigmoid((w.h + b) / R), for very large L
     memory_shortening: bool = False  # expire_span: random memory shortening in training (4.2)
-    # expire_span, RL: exploring spans. An acting state (``initial_state(explore=True)``) adds
-    # noise N(0, span_noise^2) to the span predictor's logit, and the learner credits that
-    # noise with the return that followed (``span_credit``): a policy gradient on spans. 0: off.
-    span_noise: float = 0.0
     # expire_span: spans held where the attention relies on a memory. A memory that a query
     # gave more than attended_threshold of its attention at age n is pulled up to
     # e_i >= (1 + attended_margin) n with weight attended_span_coef per step short, per query
@@ -76,8 +72,6 @@ class MemoryConfig:
             raise ValueError(f"memory.ramp (R) must be >= 1 timestep, got {self.ramp}")
         if not (math.isfinite(self.aux_loss_coef) and self.aux_loss_coef >= 0):
             raise ValueError(f"memory.aux_loss_coef must be >= 0, got {self.aux_loss_coef}")
-        if not (math.isfinite(self.span_noise) and self.span_noise >= 0):
-            raise ValueError(f"memory.span_noise must be >= 0 (0: off), got {self.span_noise}")
         if not (math.isfinite(self.attended_span_coef) and self.attended_span_coef >= 0):
             raise ValueError(
                 f"memory.attended_span_coef must be >= 0 (0: off), got {self.attended_span_coef}"

@@ -11,14 +11,6 @@ them carries 1/R of its penalty:
 with T the number of queries in the call. Memories of earlier calls (spans recomputed
 from their stored h_i with the current w, b) and memories of the current call alike are
 penalised this way; summed over a memory's life the penalty is alpha * e_i / T, eq. 7.
-
-Exploring spans (``memory.span_noise`` = sigma > 0; not in the paper). The ramp gives a span a
-task gradient only while its memory is on the ramp, and a saturated attention makes even that
-about 0 (docs/expire-span-dynamics.md), so nothing raises a span that the task needs. An
-acting state draws each span as L sigmoid(w.h_i + b + sigma xi_i), xi_i ~ N(0, 1), and the
-learner adds REINFORCE for that draw: -A_i xi_i / sigma * (w.h_i + b), with A_i the return
-credited to memory i (``memory_credit``). xi_i is a fixed function of the memory's stream and
-time index (``span_noise``), so block mode replays the spans acting drew without storing them.
 """
 
 from __future__ import annotations
@@ -30,7 +22,7 @@ from torch import Tensor, nn
 
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, ramp_mask
-from memory.store import LayerMemory, Slots
+from memory.store import Slots
 
 
 class SpanPredictor(nn.Module):
@@ -54,48 +46,6 @@ class SpanPredictor(nn.Module):
     def forward(self, hidden: Tensor) -> Tensor:
         """Expire-spans of memories ``hidden`` (B, N, dim): (B, N) in [0, L]."""
         return self.max_span * torch.sigmoid(self.logit(hidden))
-
-
-def _mul32(x: Tensor, factor: int) -> Tensor:
-    """x * factor mod 2^32 for x in [0, 2^32), in int64 without overflow."""
-    low, high = factor & 0xFFFF, factor >> 16
-    return (x * low + (((x * high) & 0xFFFF) << 16)) & 0xFFFFFFFF
-
-
-def _mix32(x: Tensor) -> Tensor:
-    """A bijective 32-bit integer hash (MurmurHash3's finaliser)."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = _mul32(x, 0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-def span_noise(stream: Tensor, position: Tensor) -> Tensor:
-    """xi_i ~ N(0, 1) for memories at time indices ``position`` (B, N) of streams ``stream``
-    (B,): a fixed function of both, independent across streams and time indices."""
-    key = _mix32((position & 0xFFFFFFFF) ^ _mix32(stream[:, None] & 0xFFFFFFFF))
-    uniform = (_mix32(key).double() + 0.5) / 2**32
-    return torch.special.ndtri(uniform).float()
-
-
-def memory_credit(position: Tensor, call: Call) -> Tensor:
-    """The return credited to memories at ``position`` (B, N) in this call, from
-    ``call.span_credit`` (B, Q): a memory written in the call gets its query's, one from
-    before the call that of the call's first query, if it is of the same episode (else 0).
-    Summed over the calls a memory lives through, that is the return after it."""
-    offset = (position - call.start).clamp(0, call.num_queries - 1)
-    credit = call.span_credit.gather(1, offset)
-    return credit * (position >= call.query_begin[:, :1])
-
-
-def span_policy_loss(
-    logit: Tensor, noise: Tensor, credit: Tensor, noise_std: float, queries: int
-) -> Tensor:
-    """REINFORCE for spans drawn with logit + noise_std * noise (B, N): -credit * noise /
-    noise_std * logit (the score of a Gaussian), summed and divided by the ``queries`` of
-    the batch, as a policy loss is averaged over its samples."""
-    return -(credit * noise * logit).sum() / (noise_std * queries)
 
 
 def expire_mask(relative: Tensor, span: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
@@ -139,11 +89,7 @@ def expire_span_loss(mask: Tensor, span: Tensor, ramp: float, coef: float) -> Te
 
 
 class ExpireSpan(MemoryKind):
-    """One expire-span per memory and layer, shared by all heads (4.2).
-
-    Its memory holds, besides ``recent``, an exploring acting state's ``noise_stream`` (B,)
-    int64: the stream of every sequence's span noise in this layer (``span_noise``).
-    """
+    """One expire-span per memory and layer, shared by all heads (4.2)."""
 
     name = "expire_span"
     stores_span = True
@@ -152,7 +98,6 @@ class ExpireSpan(MemoryKind):
         super().__init__(cfg)
         self.ramp = cfg.ramp
         self.coef = cfg.aux_loss_coef
-        self.noise_std = cfg.span_noise
         self.attended_coef = cfg.attended_span_coef
         self.attended_threshold = cfg.attended_threshold
         self.attended_margin = cfg.attended_margin
@@ -160,20 +105,8 @@ class ExpireSpan(MemoryKind):
         self.memory_shortening = cfg.memory_shortening
         self.predictor = SpanPredictor(cfg)
 
-    def initial_memory(
-        self, batch: int, device: torch.device | str, dtype: torch.dtype, explore: bool
-    ) -> LayerMemory:
-        memory = super().initial_memory(batch, device, dtype, explore)
-        if not (explore and self.noise_std > 0):
-            return memory
-        return memory.replace(noise_stream=torch.randint(2**31, (batch,)).to(device))
-
-    def span(self, hidden: Tensor, position: Tensor, memory: LayerMemory) -> Tensor:
-        stream = memory.get("noise_stream")
-        if stream is None:
-            return self.predictor(hidden)
-        noise = span_noise(stream, position).to(hidden.dtype)
-        return self.max_span * torch.sigmoid(self.predictor.logit(hidden) + self.noise_std * noise)
+    def span(self, hidden: Tensor) -> Tensor:
+        return self.predictor(hidden)
 
     def span_parameters(self) -> list[nn.Parameter]:
         return list(self.predictor.parameters())
@@ -192,16 +125,8 @@ class ExpireSpan(MemoryKind):
         )
         return shortfall * (self.attended_coef / (weights.shape[0] * weights.shape[2]))
 
-    def loss(self, mask: Tensor, slots: Slots, call: Call, memory: LayerMemory) -> Tensor:
-        loss = expire_span_loss(mask, slots.span, self.ramp, self.coef)
-        stream = memory.get("noise_stream")
-        if call.span_credit is None or stream is None:
-            return loss
-        noise = span_noise(stream, slots.position).to(mask.dtype)
-        credit = memory_credit(slots.position, call)
-        logit = self.predictor.logit(slots.hidden.detach())  # the noise's credit trains w, b only
-        queries = mask.shape[0] * mask.shape[1]
-        return loss + span_policy_loss(logit, noise, credit, self.noise_std, queries)
+    def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
+        return expire_span_loss(mask, slots.span, self.ramp, self.coef)
 
     def restrict(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         """Random memory shortening in training (4.2): l ~ U(0, L) per call and layer, and

@@ -54,7 +54,6 @@ class Call:
     recompute: bool  # gradients on: recompute memory keys, values and spans with live weights
     dtype: torch.dtype
     offsets: Tensor | None  # (Q,) t - start of every query, in dtype; None for one query
-    span_credit: Tensor | None = None  # (B, Q): the return credited to each query's memories
 
     @property
     def num_queries(self) -> int:
@@ -137,16 +136,14 @@ class MemoryKind(nn.Module):
             )
 
     def initial_memory(
-        self, batch: int, device: torch.device | str, dtype: torch.dtype, explore: bool
+        self, batch: int, device: torch.device | str, dtype: torch.dtype
     ) -> LayerMemory:
-        """An empty memory of this layer for ``batch`` sequences; ``explore``: an acting
-        state that explores (Expire-Span's noisy spans)."""
+        """An empty memory of this layer for ``batch`` sequences."""
         return LayerMemory(recent=self.empty_store(batch, device, dtype, self.stores_span))
 
-    def span(self, hidden: Tensor, position: Tensor, memory: LayerMemory) -> Tensor | None:
+    def span(self, hidden: Tensor) -> Tensor | None:
         """Per-memory value computed when a memory is written (Expire-Span's e_i), for
-        memories ``hidden`` (B, N, dim) at time indices ``position`` (B, N) of a layer whose
-        memory is ``memory``."""
+        memories ``hidden`` (B, N, dim)."""
         return None
 
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
@@ -155,7 +152,7 @@ class MemoryKind(nn.Module):
         its own mask; bool for a hard mask, else float in [0, 1]."""
         raise NotImplementedError
 
-    def loss(self, mask: Tensor, slots: Slots, call: Call, memory: LayerMemory) -> Tensor:
+    def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         """Auxiliary loss of this layer for the call over the memories ``slots`` it sees;
         ``mask`` already hides invisible keys."""
         return mask.new_zeros(())
@@ -194,7 +191,7 @@ class MemoryKind(nn.Module):
             aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
         else:
             m = m * visible
-            aux_loss = self.loss(m, slots, call, memory)
+            aux_loss = self.loss(m, slots, call)
         count = torch.count_nonzero(m)
         if m.dim() == 4:  # per-head masks: the mean over heads
             count = count / m.shape[1]
@@ -215,17 +212,17 @@ class MemoryKind(nn.Module):
         with the current weights: what block mode with gradients reads (``extend``), so that
         acting from the refreshed memory and learning from it see one policy."""
         parts = {
-            name: SlotStore.of(self.recomputed(attention, part.view(), memory))
+            name: SlotStore.of(self.recomputed(attention, part.view()))
             for name, part in memory.parts.items()
             if isinstance(part, SlotStore)
         }
         return memory.replace(**parts)
 
-    def recomputed(self, attention: MemoryAttention, slots: Slots, memory: LayerMemory) -> Slots:
+    def recomputed(self, attention: MemoryAttention, slots: Slots) -> Slots:
         """``slots`` with keys, values and spans (where stored) computed from their h_i with the
         current weights."""
         keys, values = attention.key_value(slots.hidden)
-        span = None if slots.span is None else self.span(slots.hidden, slots.position, memory)
+        span = None if slots.span is None else self.span(slots.hidden)
         return Slots(slots.hidden, keys, values, slots.position, span)
 
     def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
@@ -255,7 +252,7 @@ class MemoryKind(nn.Module):
             return store.view(), store
         old = store.view()
         if call.recompute:  # so gradients reach W_k, W_v and the span predictor through them
-            old = self.recomputed(attention, old, memory)
+            old = self.recomputed(attention, old)
         return old.cat(new), store
 
     def delete(self, slots: Slots, call: Call, alive: Alive) -> SlotStore:

@@ -166,7 +166,7 @@ class LayerMemory:
 
     Every kind keeps ``recent``, the store of the layer's recent hidden states; a kind may add
     parts of its own (more stores, e.g. compressed memories; per-sequence tensors of shape
-    (B, ...), e.g. noise streams). Shared code selects, saves and measures a layer's memory
+    (B, ...)). Shared code selects, saves and measures a layer's memory
     through this class without knowing which parts its kind keeps.
     """
 
@@ -257,28 +257,12 @@ class MemoryState:
     @classmethod
     def from_state_dict(cls, saved: dict, device: torch.device | str) -> MemoryState:
         """The memory saved by `state_dict`, on `device`."""
-        layers = saved["layers"]
-        if layers and isinstance(layers[0], list):  # saved before layers had named parts
-            layers = _named_parts(saved)
         return cls(
             time=saved["time"],
             episode_begin=saved["episode_begin"].to(device),
-            layers=tuple(LayerMemory.from_state_dict(layer, device) for layer in layers),
+            layers=tuple(LayerMemory.from_state_dict(layer, device) for layer in saved["layers"]),
         )
 
     def stored_lengths(self) -> list[int]:
         """Slots stored per layer, in all its stores: the memory's footprint."""
         return [sum(store.length for store in layer.stores()) for layer in self.layers]
-
-
-def _named_parts(saved: dict) -> list[dict]:
-    """The layers of a state saved in the earlier layout (a store per layer, and the
-    compressive and Expire-Span extras beside them) as named parts."""
-    layers = [{"recent": slots} for slots in saved["layers"]]
-    for layer, slots in zip(layers, saved.get("compressed") or (), strict=False):
-        layer["compressed"] = slots
-    streams = saved.get("noise_streams")
-    if streams is not None:
-        for index, layer in enumerate(layers):
-            layer["noise_stream"] = streams[:, index]
-    return layers

@@ -53,7 +53,7 @@ class MemoryLayer(nn.Module):
         memories (None for kinds without a span per memory)."""
         x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
         q, k, v = self.attention.project(x)
-        new = Slots(x, k, v, call.positions, self.kind.span(x, call.positions, memory))
+        new = Slots(x, k, v, call.positions, self.kind.span(x))
         read = self.kind.read(self.attention, memory, new, call)
         keep = self.kind.learns_from_attention and torch.is_grad_enabled()
         attended, weights = self.attention(q, read.segments, read.width, read.window, keep)
@@ -85,9 +85,7 @@ class MemoryTransformer(nn.Module):
     >>> out = core.step(x_t, out.state, start_t)  # x_t (8, 64), start_t (8,) bool
 
     ``episode_start[b, k]`` marks timestep k of element b as the first of a new episode:
-    from it on, element b attends to nothing earlier. With ``memory.span_noise`` > 0, a
-    state made by ``initial_state(explore=True)`` acts with exploring spans, and block mode
-    from it replays them and takes ``span_credit`` (``memory.expire_span``).
+    from it on, element b attends to nothing earlier.
     """
 
     def __init__(self, cfg: MemoryConfig) -> None:
@@ -97,11 +95,9 @@ class MemoryTransformer(nn.Module):
         self.final_norm = nn.LayerNorm(cfg.dim)
 
     def initial_state(
-        self, batch_size: int, device: torch.device | str | None = None, explore: bool = False
+        self, batch_size: int, device: torch.device | str | None = None
     ) -> MemoryState:
-        """An empty memory for ``batch_size`` sequences (also the way to change batch size).
-        ``explore``: Expire-Span draws spans with noise (``memory.span_noise``), from noise
-        streams of its own for every sequence and layer, taken from torch's generator."""
+        """An empty memory for ``batch_size`` sequences (also the way to change batch size)."""
         if device is None:
             device = self.final_norm.weight.device
         dtype = self.final_norm.weight.dtype
@@ -109,8 +105,7 @@ class MemoryTransformer(nn.Module):
             time=0,
             episode_begin=torch.zeros(batch_size, dtype=torch.long, device=device),
             layers=tuple(
-                layer.kind.initial_memory(batch_size, device, dtype, explore)
-                for layer in self.layers
+                layer.kind.initial_memory(batch_size, device, dtype) for layer in self.layers
             ),
         )
 
@@ -132,21 +127,13 @@ class MemoryTransformer(nn.Module):
         x: Tensor,
         state: MemoryState,
         episode_start: Tensor | None = None,
-        span_credit: Tensor | None = None,
     ) -> CoreOutput:
-        """Block mode: x (B, K, dim), episode_start (B, K) bool (tensor or array) or None.
-        ``span_credit`` (B, K): the return credited to the memories of each step, for the
-        policy gradient of exploring spans (ignored unless ``state`` explores)."""
+        """Block mode: x (B, K, dim), episode_start (B, K) bool (tensor or array) or None."""
         if x.dim() != 3 or x.shape[-1] != self.cfg.dim:
             raise ValueError(
                 f"block mode expects x of shape (B, K, {self.cfg.dim}), got {tuple(x.shape)}"
             )
-        if span_credit is not None and span_credit.shape != x.shape[:2]:
-            raise ValueError(
-                f"span_credit must have shape {tuple(x.shape[:2])} (one value per timestep), "
-                f"got {tuple(span_credit.shape)}"
-            )
-        return self._run(x, state, episode_start, in_place=False, span_credit=span_credit)
+        return self._run(x, state, episode_start, in_place=False)
 
     def step(
         self, x: Tensor, state: MemoryState, episode_start: Tensor | None = None
@@ -175,10 +162,9 @@ class MemoryTransformer(nn.Module):
         state: MemoryState,
         episode_start: Tensor | None,
         in_place: bool,
-        span_credit: Tensor | None = None,
     ) -> CoreOutput:
         batch, length, _ = x.shape
-        call = self._call(state, batch, length, episode_start, in_place, x.dtype, span_credit)
+        call = self._call(state, batch, length, episode_start, in_place, x.dtype)
         h = x
         reads, spans = [], []
         for layer, memory in zip(self.layers, state.layers, strict=True):
@@ -201,7 +187,6 @@ class MemoryTransformer(nn.Module):
         episode_start: Tensor | None,
         in_place: bool,
         dtype: torch.dtype,
-        span_credit: Tensor | None,
     ) -> Call:
         if state.batch_size != batch:
             raise ValueError(
@@ -230,5 +215,4 @@ class MemoryTransformer(nn.Module):
             recompute=torch.is_grad_enabled(),
             dtype=dtype,
             offsets=torch.arange(length, device=device, dtype=dtype) if length > 1 else None,
-            span_credit=span_credit,
         )

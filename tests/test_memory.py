@@ -182,60 +182,6 @@ def _saved(value) -> io.BytesIO:
     return buffer
 
 
-def test_exploring_spans_are_replayed_in_block_mode_and_carried_by_the_state():
-    """Acting draws every span with noise; block mode from the same state must draw the same
-    spans (the learner replays what acting did), and a minibatch or a saved state too."""
-    core = make_core("expire_span", span_noise=0.7)
-    x, starts = torch.randn(3, 40, 16), episode_starts(3, 40)
-    torch.manual_seed(5)
-    state = core.initial_state(3, explore=True)
-    assert [memory["noise_stream"].shape for memory in state.layers] == [(3,), (3,)]
-    assert core.initial_state(3).layers[0].get("noise_stream") is None  # spans as predicted
-    with torch.no_grad():
-        stepped, after = run_steps(core, x, starts, state)
-        plain, _ = run_steps(core, x, starts)
-    assert (plain - stepped).abs().max() > 0.01  # the noise changes which memories are kept
-    for block in (8, 40):
-        blocked, _ = run_blocks(core, x, starts, block, state)
-        assert (blocked - stepped).abs().max() < TOLERANCE, block
-    index = torch.tensor([2, 0])
-    saved = type(after).from_state_dict(after.state_dict(), "cpu")
-    with torch.no_grad():
-        more = torch.randn(3, 6, 16)
-        full = core(more, after, starts[:, :6]).hidden
-        part = core(more[index], saved.select(index), starts[index, :6]).hidden
-    assert (part - full[index]).abs().max() < TOLERANCE
-
-
-@pytest.mark.parametrize(
-    ("kind", "overrides"), [("compressive", {}), ("expire_span", {"span_noise": 0.7})]
-)
-def test_a_state_saved_in_the_earlier_layout_loads_as_the_same_memory(kind, overrides):
-    """Checkpoints written before layers held named parts: a store per layer, with the
-    compressed stores and the noise streams (B, layers) beside them."""
-    core = make_core(kind, **overrides)
-    x, starts = torch.randn(3, 30, 16), episode_starts(3, 30)
-    with torch.no_grad():
-        _, state = run_steps(core, x[:, :24], starts[:, :24], core.initial_state(3, explore=True))
-    saved = state.state_dict()
-    layers = saved["layers"]
-    earlier = {
-        "time": saved["time"],
-        "episode_begin": saved["episode_begin"],
-        "layers": [layer["recent"] for layer in layers],
-        "compressed": [layer["compressed"] for layer in layers] if kind == "compressive" else None,
-        "noise_streams": (
-            torch.stack([layer["noise_stream"] for layer in layers], 1) if overrides else None
-        ),
-    }
-    loaded = type(state).from_state_dict(earlier, "cpu")
-    assert loaded.stored_lengths() == state.stored_lengths()
-    with torch.no_grad():
-        expected = core(x[:, 24:], state, starts[:, 24:]).hidden
-        found = core(x[:, 24:], loaded, starts[:, 24:]).hidden
-    assert torch.equal(found, expected)
-
-
 def test_parameters_saved_under_the_earlier_module_name_load():
     """Checkpoints from before a layer's memory kind was ``kind`` name it ``memory``."""
     core, other = make_core("expire_span"), make_core("expire_span")
@@ -267,9 +213,9 @@ def test_a_kind_is_found_by_its_name_and_keeps_options_and_a_state_of_its_own(mo
             if set(options) != {"reach"} or options["reach"] < 1:
                 raise ValueError(f"last_few needs memory.options.reach >= 1, got {options}")
 
-        def initial_memory(self, batch, device, dtype, explore) -> LayerMemory:
+        def initial_memory(self, batch, device, dtype) -> LayerMemory:
             calls = torch.zeros(batch, dtype=torch.long, device=device)
-            return super().initial_memory(batch, device, dtype, explore).replace(calls=calls)
+            return super().initial_memory(batch, device, dtype).replace(calls=calls)
 
         def mask(self, relative, span, offsets):
             reach = self.cfg.options["reach"]
@@ -387,7 +333,6 @@ def test_position_term_covers_only_distances_below_block_len(queries, width):
         (dict(ramp=0.5), "ramp"),
         (dict(dropout=1.0), "dropout"),
         (dict(init_span_fraction=0.0), "init_span_fraction"),
-        (dict(span_noise=-0.5), "span_noise"),
         (dict(kind="compressive", compress_rate=300), "compress_rate"),
         (dict(compressed_span=0), "compressed_span"),
         (dict(num_layers=2.5), "num_layers"),
@@ -409,8 +354,6 @@ def test_input_errors_say_what_is_wrong():
         core(torch.randn(2, 4, 16), state, torch.zeros(2, 5, dtype=torch.bool))
     with pytest.raises(ValueError, match="episode_start"):
         core.step(torch.randn(2, 16), state, torch.zeros(2, 1, dtype=torch.bool))
-    with pytest.raises(ValueError, match="span_credit"):
-        core(torch.randn(2, 4, 16), state, span_credit=torch.zeros(2, 3))
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -16,10 +16,7 @@ from memory.expire_span import (
     attended_span_loss,
     expire_mask,
     expire_span_loss,
-    memory_credit,
-    span_noise,
 )
-from memory.kind import Call
 
 
 @pytest.fixture(autouse=True)
@@ -280,87 +277,6 @@ def test_random_memory_shortening_cuts_attention_but_keeps_the_memory(monkeypatc
         _, evaluated = run(core.eval(), x)
     assert (shortened - alone).abs().max() < 1e-5  # with l = 0 a query sees only itself
     assert out.state.stored_lengths() == evaluated.state.stored_lengths()
-
-
-# --- Expire-Span: exploring spans ---------------------------------------------------------
-
-
-def test_span_noise_is_a_replayable_standard_normal_draw():
-    streams = torch.tensor([3, 4, 2**31 - 1])
-    xi = span_noise(streams, torch.arange(20_000).expand(3, -1))
-    assert torch.equal(xi, span_noise(streams, torch.arange(20_000).expand(3, -1)))
-    assert abs(xi.mean()) < 0.02 and abs(xi.std() - 1) < 0.02
-    assert abs((xi.abs() < 1).float().mean() - 0.6827) < 0.01  # P(|xi| < 1) of N(0, 1)
-    for a, b in ((xi[:, 1:], xi[:, :-1]), (xi[0], xi[1]), (xi[1], xi[2])):  # next step, streams
-        assert abs((a * b).mean()) < 0.03
-
-
-def test_memory_credit_is_the_return_after_the_memory_within_its_episode():
-    """A call of three queries at t = 10, 11, 12; an episode began at 5 and another at 12."""
-    call = Call(
-        start=10,
-        positions=torch.tensor([[10, 11, 12]]),
-        query_begin=torch.tensor([[5, 5, 12]]),
-        memory_begin=torch.tensor([5]),
-        in_place=False,
-        recompute=True,
-        dtype=torch.float32,
-        offsets=torch.arange(3.0),
-        span_credit=torch.tensor([[1.0, 2.0, 3.0]]),
-    )
-    # empty slot, an earlier episode's memory, this episode's before the call, the call's own
-    position = torch.tensor([[-1, 3, 7, 10, 11, 12]])
-    assert memory_credit(position, call).tolist() == [[0, 0, 1, 1, 2, 3]]
-
-
-def train_recall_span(span_noise: float, updates: int = 120, distance: int = 20) -> list:
-    """A memory written at t = 0 (a cue) earns a return of 1 if query t = ``distance`` can
-    still see it, as a door's reward needs a cue. The return reaches the span only as a
-    credit (no gradient flows from it through the attention, as none does once the
-    attention on the cue saturates), while the penalty acts on every memory. Trains the
-    span predictor with Adam as the RL learner does; returns (mean return, cue span,
-    other spans) per update, the spans as predicted (without noise)."""
-    ramp, batch = 4, 64
-    cfg = MemoryConfig(
-        kind="expire_span", num_layers=1, dim=16, num_heads=2, ffn_dim=32, max_span=32,
-        ramp=ramp, block_len=distance + 1, init_span_fraction=0.5, aux_loss_coef=0.02,
-        span_noise=span_noise,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    core = MemoryTransformer(cfg)
-    predictor = core.layers[0].kind.predictor
-    optimizer = torch.optim.Adam(predictor.parameters(), lr=0.03)
-    cue = torch.randn(16)
-    history = []
-    for _ in range(updates):
-        x = torch.randn(batch, distance + 1, 16)
-        x[:, 0] = cue + 0.1 * torch.randn(batch, 16)
-        state = core.initial_state(batch, explore=True)
-        with torch.no_grad():  # acting: the spans drawn
-            drawn = core(x, state).spans[0]
-        returns = (drawn[:, 0] + ramp > distance).float()
-        credit = (returns - returns.mean())[:, None].expand(-1, distance + 1)
-        optimizer.zero_grad()
-        core(x, state, span_credit=credit).aux_loss.backward()
-        optimizer.step()
-        with torch.no_grad():
-            spans = predictor(core.layers[0].attention_norm(x))
-        history.append(
-            (returns.mean().item(), spans[:, 0].mean().item(), spans[:, 1:].mean().item())
-        )
-    return history
-
-
-def test_exploring_spans_keep_the_memory_the_return_needs_while_the_penalty_acts():
-    """The paper's spans (span_noise = 0) lose the cue to the penalty: nothing pulls a span up
-    without a gradient through the attention. Exploring spans find the return and keep the
-    cue's span above the distance, while the other memories' spans still shrink."""
-    explored = train_recall_span(span_noise=0.5)
-    paper = train_recall_span(span_noise=0.0)
-    returns, cue_span, other_span = zip(*explored[-20:], strict=True)
-    assert min(returns) >= 0.95 and min(cue_span) > 20 - 4
-    assert max(other_span) < 0.5 * explored[0][2]
-    assert max(r for r, _, _ in paper[-20:]) == 0 and paper[-1][1] < 20 - 4
 
 
 # --- Adaptive-Span ------------------------------------------------------------------------

@@ -152,7 +152,6 @@ RESUME_SETTINGS = {
     "corridor_paper": ["env=corridor", "env.max_length=5", "preset=paper"],
     "portal": ["env=portal", "env.num_rooms=3"],
     "minigrid_memory": ["env=minigrid_memory", "env.id=MiniGrid-MemoryS7-v0"],
-    "explore": ["env.max_length=5", "memory.span_noise=0.5"],
     "anchor": ["env.max_length=5", "agent.anchor_from=0", "log_interval=1"],
 }
 
@@ -161,7 +160,7 @@ RESUME_SETTINGS = {
 def test_a_resumed_run_writes_what_one_unbroken_run_writes(tmp_path, setting):
     """RL resume is exact under each env's defaults (the Corridor's annealed rate and anchor,
     the paper's A2C, Portal's and MiniGrid's settings): the checkpoint holds the
-    environments, the carried memory (with its span-noise streams when spans explore), the
+    environments, the carried memory, the
     running statistics and the policy anchor (an earlier agent than the one saved), so a run
     killed midway and resumed writes the metrics of the run that went straight through."""
     args = [*TINY_RUN, *TINY_MEMORY, "log_interval=2", "checkpoint_interval=3", *setting]
