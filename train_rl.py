@@ -75,7 +75,7 @@ from training import (
     check_run_dir_argument,
     check_wandb_config,
     check_whole,
-    check_writable_file,
+    check_writable,
     describe_preset,
     eval_writes_nothing,
     exit_on_config_error,
@@ -173,7 +173,7 @@ def check_config(cfg: DictConfig) -> None:
     for key in ("episodes", "num_envs"):
         check_positive_int(f"eval.{key}", cfg.eval[key])
     if cfg.eval.record:
-        check_writable_file("eval.record", cfg.eval.record)
+        check_writable("eval.record", cfg.eval.record)
     if cfg.eval.record and Path(cfg.eval.record).suffix.lower() not in RECORD_SUFFIXES:
         raise ConfigError(
             f"eval.record={cfg.eval.record}: use a .gif, .mp4 or .txt (ansi trace) file"

@@ -163,18 +163,20 @@ class Setting:
 
     @property
     def memory_size(self) -> tuple[float, float] | None:
-        sizes = [run.memory_size for run in self.runs if run.memory_size is not None]
-        return _mean_std(sizes) if sizes else None
+        return self._over_runs("memory_size")
 
     @property
     def minutes(self) -> tuple[float, float] | None:
-        times = [run.minutes for run in self.runs if run.minutes is not None]
-        return _mean_std(times) if times else None
+        return self._over_runs("minutes")
 
     @property
     def last_return(self) -> tuple[float, float] | None:
-        returns = [run.last_return for run in self.runs if run.last_return is not None]
-        return _mean_std(returns) if returns else None
+        return self._over_runs("last_return")
+
+    def _over_runs(self, name: str) -> tuple[float, float] | None:
+        """Mean and standard deviation of a RunResult field over the runs that have it."""
+        known = [getattr(run, name) for run in self.runs if getattr(run, name) is not None]
+        return _mean_std(known) if known else None
 
     @property
     def held(self) -> tuple[int, int] | None:

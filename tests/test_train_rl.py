@@ -338,7 +338,7 @@ def test_evaluation_and_refused_commands_write_no_directory(tmp_path):
     ):
         result = from_elsewhere(*refused)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert f"eval.record={unwritable} cannot be written" in result.stderr
+    assert f"eval.record={unwritable} cannot be created or written" in result.stderr
     assert list(elsewhere.iterdir()) == []
     assert sorted(path.name for path in run_dir.iterdir()) == before
 

@@ -42,7 +42,7 @@ from training.config import (
     check_positive_int,
     check_range,
     check_whole,
-    check_writable_file,
+    check_writable,
     exit_on_config_error,
 )
 from training.distributed import (
@@ -112,7 +112,7 @@ __all__ = [
     "check_range",
     "check_wandb_config",
     "check_whole",
-    "check_writable_file",
+    "check_writable",
     "cleanup_distributed",
     "command_line_overrides",
     "eval_writes_nothing",

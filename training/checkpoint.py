@@ -31,7 +31,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from training.config import ConfigError
+from training.config import ConfigError, check_writable
 from training.files import atomic_open, remove_orphans, reporting_disk_full
 from training.metrics import METRICS_FILE, WANDB_ID_FILE
 from training.run_dir import (
@@ -236,9 +236,7 @@ def delete_run(run_dir: str | os.PathLike) -> None:
         return
     names = (CHECKPOINT_FILE, BEST_CHECKPOINT_FILE, METRICS_FILE, CONFIG_FILE, EVAL_FILE)
     for path in Path(run_dir).iterdir():
-        if path.name in (*names, CURVES_FILE) or _SNAPSHOT.fullmatch(path.name):
-            path.unlink()
-        elif path.name == WANDB_ID_FILE:
+        if path.name in (*names, CURVES_FILE, WANDB_ID_FILE) or _SNAPSHOT.fullmatch(path.name):
             path.unlink()
         elif path.name == "wandb" and path.is_dir():  # W&B's own directory, under dir=RUN_DIR
             shutil.rmtree(path)
@@ -273,13 +271,7 @@ def check_run_dir_argument(
         return  # evaluation writes nothing into its directory (eval_writes_nothing)
     run_dir = Path(given[-1]).expanduser().absolute()
     refuse_claimed(run_dir)
-    existing = next(path for path in (run_dir, *run_dir.parents) if path.exists())
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        problem = "not a directory" if not existing.is_dir() else "not writable"
-        raise ConfigError(
-            f"hydra.run.dir={given[-1]} cannot be created or written ({existing} is {problem}); "
-            "choose another directory"
-        )
+    check_writable("hydra.run.dir", run_dir, directory=True)
     if "resume=true" not in args:
         if "overwrite=true" not in args:
             refuse_existing_run(run_dir)

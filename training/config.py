@@ -67,16 +67,18 @@ def check_whole(name: str, value: Any, low: int = 0) -> None:
     check_range(name, value, low=low)
 
 
-def check_writable_file(name: str, path: str | os.PathLike) -> None:
-    """Fail unless a file can be written at `path`: a file or nothing there, and the nearest
-    directory that exists writable (checked before the work whose result it will hold)."""
+def check_writable(name: str, path: str | os.PathLike, *, directory: bool = False) -> None:
+    """Fail unless `path`, a file (or with `directory`, a directory), can be created or written
+    there: the nearest part of it that exists is a writable directory. Checked before the work
+    whose result it will hold."""
     path = Path(path).expanduser().absolute()
-    if path.is_dir():
+    if path.is_dir() and not directory:
         raise ConfigError(f"{name}={path} is a directory; give a file name")
-    existing = next(parent for parent in path.parents if parent.exists())
+    existing = next(part for part in (path, *path.parents) if part.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        problem = "not a directory" if not existing.is_dir() else "not writable"
         raise ConfigError(
-            f"{name}={path} cannot be written ({existing} is not a writable directory); "
+            f"{name}={path} cannot be created or written ({existing} is {problem}); "
             "choose another place"
         )
 
