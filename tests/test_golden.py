@@ -1,6 +1,8 @@
-"""The numbers a refactor must not change: a short RL run and a short LM run with fixed seeds
-write the metrics kept in tests/golden/ (timing aside). Regenerate them only for a change
-meant to change results: `python tests/test_golden.py`, and say why in the commit."""
+"""The numbers a refactor must not change: short RL and LM runs with fixed seeds write the
+metrics kept in tests/golden/ (timing aside); the RL runs also their evaluation (eval.json)
+and, for the Corridor, a recorded episode (`mode=eval eval.record=...txt`). Regenerate them
+only for a change meant to change results: `python tests/test_golden.py`, and say why in the
+commit."""
 
 import json
 import math
@@ -9,9 +11,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import pytest
-from tiny_rl import STEPS_PER_UPDATE, TINY_RL
+from tiny_rl import STEPS_PER_UPDATE, TINY_RL, TINY_RUN
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = Path(__file__).parent / "golden"
@@ -26,6 +29,24 @@ RUNS = {
     "rl": (
         "train_rl.py",
         [*TINY_RL, "seed=3", "log_interval=2", f"total_steps={6 * STEPS_PER_UPDATE}"],
+    ),
+    # A2C and a GRU on an env that resets in the next step and truncates at a step limit
+    "rl_gym": (
+        "train_rl.py",
+        [
+            *TINY_RUN,
+            "env=gym",
+            "env.id=CartPole-v1",
+            "env.max_episode_steps=12",
+            "agent=a2c",
+            "memory=gru",
+            "memory.dim=16",
+            "seed=3",
+            "log_interval=2",
+            f"total_steps={6 * STEPS_PER_UPDATE}",
+            "eval.episodes=6",
+            "eval.num_envs=4",
+        ],
     ),
     "lm": (
         "train_lm.py",
@@ -52,13 +73,12 @@ RUNS = {
 }
 
 
-def metrics_of(name: str, run_dir: Path) -> list[dict]:
-    script, args = RUNS[name]
-    common = ["wandb.mode=disabled", "eval.after_training=false", "torch_threads=1"]
-    if name == "lm":
-        common.append(f"task.cache_dir={run_dir / 'cache'}")
+RECORDED = "rl"  # the run whose trained agent also records an episode
+
+
+def run_script(script: str, args: list[str]) -> str:
     result = subprocess.run(
-        [sys.executable, str(ROOT / script), *args, *common, f"hydra.run.dir={run_dir}"],
+        [sys.executable, str(ROOT / script), *args, "wandb.mode=disabled", "torch_threads=1"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -66,30 +86,68 @@ def metrics_of(name: str, run_dir: Path) -> list[dict]:
         timeout=300,
     )
     assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def outputs_of(name: str, run_dir: Path) -> dict[str, Any]:
+    """What the run ``name`` writes: its metrics lines (timing aside) and, for RL, its
+    eval.json and the recorded episode's text."""
+    script, args = RUNS[name]
+    common = [f"hydra.run.dir={run_dir}"]
+    if name == "lm":
+        common += [f"task.cache_dir={run_dir / 'cache'}", "eval.after_training=false"]
+    run_script(script, [*args, *common])
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
+    outputs = {
+        "metrics": [
+            {k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines
+        ]
+    }
+    if name != "lm":
+        outputs["eval"] = json.loads((run_dir / "eval.json").read_text())
+    if name == RECORDED:
+        trace = run_dir / "episode.txt"
+        evaluation = [
+            "mode=eval",
+            f"checkpoint={run_dir}",
+            f"eval.record={trace}",
+            "eval.episodes=4",
+        ]
+        outputs["eval_mode"] = json.loads(run_script("train_rl.py", evaluation))
+        del outputs["eval_mode"]["checkpoint"], outputs["eval_mode"]["record"]  # (paths)
+        outputs["recorded"] = trace.read_text()
+    return outputs
 
 
-def close(value, expected) -> bool:
-    if isinstance(expected, float) and isinstance(value, float):
-        return math.isclose(value, expected, rel_tol=RELATIVE_TOLERANCE, abs_tol=ABSOLUTE_TOLERANCE)
-    return value == expected
+def differences(value: Any, kept: Any, where: str = "") -> list[str]:
+    """Where ``value`` differs from ``kept``: floats beyond the tolerances, anything else."""
+    if isinstance(kept, dict) and isinstance(value, dict) and sorted(kept) == sorted(value):
+        return [d for key in kept for d in differences(value[key], kept[key], f"{where}/{key}")]
+    if isinstance(kept, list) and isinstance(value, list) and len(kept) == len(value):
+        return [
+            d
+            for i, pair in enumerate(zip(value, kept, strict=True))
+            for d in differences(*pair, f"{where}/{i}")
+        ]
+    if isinstance(kept, float) and isinstance(value, float | int):
+        if math.isclose(value, kept, rel_tol=RELATIVE_TOLERANCE, abs_tol=ABSOLUTE_TOLERANCE):
+            return []
+    elif value == kept:
+        return []
+    return [f"{where}: now {value!r}, kept {kept!r}"[:300]]
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
-def test_a_short_run_writes_the_kept_metrics(tmp_path, name):
-    expected = json.loads((GOLDEN / f"{name}_metrics.json").read_text())
-    logged = metrics_of(name, tmp_path / "run")
-    assert [sorted(line) for line in logged] == [sorted(line) for line in expected]
-    for line, kept in zip(logged, expected, strict=True):
-        differ = {k: (line[k], kept[k]) for k in kept if not close(line[k], kept[k])}
-        assert not differ, f"step {kept['step']}: (now, kept) {differ}"
+def test_a_short_run_writes_the_kept_outputs(tmp_path, name):
+    kept = json.loads((GOLDEN / f"{name}.json").read_text())
+    differ = differences(outputs_of(name, tmp_path / "run"), kept)
+    assert not differ, "\n".join(differ[:20])
 
 
-if __name__ == "__main__":  # regenerate the kept metrics
+if __name__ == "__main__":  # regenerate the kept outputs
     GOLDEN.mkdir(exist_ok=True)
     for name in RUNS:
         with tempfile.TemporaryDirectory() as tmp:
-            logged = metrics_of(name, Path(tmp) / "run")
-        (GOLDEN / f"{name}_metrics.json").write_text(json.dumps(logged, indent=1) + "\n")
-        print(f"{GOLDEN / f'{name}_metrics.json'}: {len(logged)} lines")
+            outputs = outputs_of(name, Path(tmp) / "run")
+        (GOLDEN / f"{name}.json").write_text(json.dumps(outputs, indent=1) + "\n")
+        print(f"{GOLDEN / f'{name}.json'}: {len(outputs['metrics'])} lines")
