@@ -15,46 +15,22 @@ import json
 import logging
 import math
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
 
 import gymnasium as gym
 import hydra
 import numpy as np
-import torch
-from gymnasium.vector.utils import concatenate, create_empty_array
 from omegaconf import DictConfig, OmegaConf
-from torch.nn.parallel import DistributedDataParallel
 
-from agents import RECURRENT_KINDS, ActorCritic, map_observation
+from agents import RECURRENT_KINDS, ActorCritic
 from agents.build import build_agent, build_core
-from agents.episodes import (
-    EpisodeStats,
-    after_step,
-    episode_info,
-    resets_next_step,
-    to_device,
-)
+from agents.episodes import EpisodeStats
 from agents.evaluation import evaluate_agent, record_episode
-from agents.learners import (
-    ADVANTAGE_SCALES,
-    ALL,
-    LR_SCHEDULES,
-    LossTerms,
-    PolicyAnchor,
-    actor_critic_loss,
-    behaviour_ratio_error,
-    generalized_advantages,
-    lr_fraction,
-    make_optimizer,
-    masked_mean,
-    minibatches,
-    normalised,
-    policy_kl,
-    ppo_loss,
-)
+from agents.learners import ADVANTAGE_SCALES, LR_SCHEDULES
+from agents.play import Player
+from agents.rollout import Unroll, collect_unroll
+from agents.update import BEHAVIOUR_RATIO_ERROR, Learner
 from analysis.curves import plot_curves, run_label
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import kind_names
@@ -64,7 +40,10 @@ from training import (
     EVAL_FILE,
     METRICS_FILE,
     ConfigError,
+    DistInfo,
+    RunProgress,
     SpanStats,
+    UpdateMeans,
     all_reduce_max,
     all_reduce_mean,
     atomic_open,
@@ -100,14 +79,6 @@ PROGRESS_KEYS = ("return", "success", "rooms_reached", "mmer", "memory_size")
 VECTORIZATIONS = ("auto", "sync", "async")
 LIST_IDS = "python -c 'import gymnasium; gymnasium.pprint_registry()'"
 RECORD_SUFFIXES = (".gif", ".mp4", ".txt")  # eval.record: frames, or an ansi trace
-LOSS_KEYS = ("policy_loss", "value_loss", "entropy", "aux_loss", "anchor_kl")  # update means
-# Logged as means over the interval's updates: the losses, the memory size, the KL of the last
-# epoch (PPO: KL(acting || current policy); 0 for A2C) and the epochs run per unroll (fewer
-# than agent.epochs when agent.target_kl stopped them).
-INTERVAL_MEANS = ("memory_size", *LOSS_KEYS, "approx_kl", "epochs")
-# The largest |pi_learner / pi_acting - 1| of any unroll's first minibatch, before its first
-# update: 0 up to float error when the learner starts from the policy that acted.
-BEHAVIOUR_RATIO_ERROR = "behaviour_ratio_error"
 CONFIGS = Path(__file__).parent / "configs"
 
 log = logging.getLogger(__name__)
@@ -128,7 +99,6 @@ def check_config(cfg: DictConfig) -> None:
         check_positive_int(key, cfg[key])
     check_whole("checkpoint_keep", cfg.checkpoint_keep)
     check_positive("agent.lr", cfg.agent.lr)
-    check_positive("agent.span_lr_scale", cfg.agent.span_lr_scale)
     if cfg.agent.get("anchor_coef", 0):
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
         if "success" not in env.outcomes or env.any_gym_id:
@@ -191,37 +161,6 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(f"env.id={cfg.env.id}: {error}") from None
 
 
-def final_values(
-    agent: ActorCritic,
-    vec_env: gym.vector.VectorEnv,
-    final_obs: np.ndarray,
-    truncated: np.ndarray,
-    state: Any,
-    previous: tuple[torch.Tensor, torch.Tensor],
-) -> torch.Tensor:
-    """The values of the final observations ``final_obs`` of the episodes ``truncated`` (B,) by
-    a step limit, each read with the memory ``state`` it had before its env reset."""
-    space = vec_env.single_observation_space
-    obs = concatenate(space, list(final_obs), create_empty_array(space, len(final_obs)))
-    device = previous[1].device
-    index = torch.as_tensor(np.flatnonzero(truncated), device=device)
-    continuing = torch.zeros(len(index), dtype=torch.bool, device=device)
-    chosen = tuple(x[index] for x in previous)
-    # (greedy: no sample is drawn, so the random streams are those of a run without limit)
-    obs = to_device(obs, device)
-    _, _, value, _ = agent.act(obs, state.select(index), continuing, chosen, greedy=True)
-    return value
-
-
-def learner_loss(
-    agent_cfg: DictConfig, logits, values, actions, old_log_probs, advantages, returns, mask
-) -> LossTerms:
-    if agent_cfg.name == "ppo":
-        clip = agent_cfg.clip
-        return ppo_loss(logits, values, actions, old_log_probs, advantages, returns, clip, mask)
-    return actor_critic_loss(logits, values, actions, advantages, returns, mask)
-
-
 def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
     with ExitStack() as resources:  # closed on every way out, exceptions included
@@ -229,294 +168,157 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         if dist.is_main:
             log.info(describe_preset(cfg, CONFIGS))
         seed_everything(rank_seed(cfg.seed, dist.rank))
-        B, T = cfg.num_envs, cfg.unroll_len
-        steps_per_update = B * T * dist.world_size
+        steps_per_update = cfg.num_envs * cfg.unroll_len * dist.world_size
         num_updates = math.ceil(cfg.total_steps / steps_per_update)
-
-        vec_env = make_vector_env(cfg.env, B)
-        resources.callback(vec_env.close)
-        next_step = resets_next_step(vec_env)
         # The paper's tasks end an episode at their step limit; elsewhere a truncated
         # episode's last step bootstraps from the value of its final observation.
         bootstrap_truncated = not named_env(cfg.env.name).step_limit_ends_episode
-        obs, _ = vec_env.reset(seed=rank_seed(cfg.seed, dist.rank))
+        gym_path = named_env(cfg.env.name).any_gym_id
+
+        vec_env = make_vector_env(cfg.env, cfg.num_envs)
+        resources.callback(vec_env.close)
         agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
         agent.to(dist.device)
-        state = agent.initial_state(B, dist.device)
-        ddp_agent = (  # (the agent itself in a single process)
-            DistributedDataParallel(agent, broadcast_buffers=False)
-            if dist.world_size > 1
-            else agent
-        )
-        optimizer = make_optimizer(
-            agent, cfg.agent.optimizer, cfg.agent.lr, cfg.agent.span_lr_scale
-        )
-        base_lrs = [group["lr"] for group in optimizer.param_groups]  # before a resume's state
-        # A KL penalty towards the best agent once it solved the task (agent.anchor_coef;
-        # runs saved before it existed had none).
-        anchor_coef, anchor = cfg.agent.get("anchor_coef", 0.0), None
-        if anchor_coef:
-            anchor = PolicyAnchor(agent, cfg.agent.anchor_from)
-
-        first_update, best = 0, None  # best: the best logged task metric, {metric, value, step}
+        learner = Learner(agent, cfg.agent, num_updates, dist)
+        player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
+        player.reset(seed=rank_seed(cfg.seed, dist.rank))
+        unroll = Unroll(player, cfg.unroll_len)
+        span_stats, interval = SpanStats(), UpdateMeans(maxima=[BEHAVIOUR_RATIO_ERROR])
+        progress = RunProgress()
         if checkpoint is not None:
-            agent.load_state_dict(checkpoint["agent"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            restore_rng_state(checkpoint["rng"][dist.rank])
-            first_update, best = checkpoint["update"], checkpoint.get("best")
-            if anchor is not None and "anchor" in checkpoint:
-                anchor.model.load_state_dict(checkpoint["anchor"])
-                anchor.active = True
+            progress = restore(checkpoint, dist.rank, learner, player, span_stats, interval)
+        if learner.anchored and learner.anchor.state is None:
+            learner.anchor.state = learner.anchor.model.core.refresh(player.state)
         logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
-        progress = resources.enter_context(
+        bar = resources.enter_context(
             progress_bar(
                 num_updates * steps_per_update,
-                initial=first_update * steps_per_update,
+                initial=progress.update * steps_per_update,
                 enabled=dist.is_main,
             )
         )
 
-        device = dist.device
-        obs = to_device(obs, device)  # a tensor, or a tuple or dict of them (Tuple, Dict)
-        obs_buf = map_observation(lambda x: x.new_zeros((B, T, *x.shape[1:])), obs)
-        action_shape = vec_env.single_action_space.shape  # (components,) for MultiDiscrete
-        actions = torch.zeros((B, T, *action_shape), dtype=torch.long, device=device)
-        log_probs, values, rewards, dones = (torch.zeros((B, T), device=device) for _ in range(4))
-        # V(final observation) of the steps that truncated an episode (else 0)
-        truncation_values = torch.zeros((B, T), device=device)
-        starts = torch.zeros((B, T), dtype=torch.bool, device=device)
-        # False for the reset steps of a next-step env: their action was not taken
-        valid = torch.ones((B, T), dtype=torch.bool, device=device)
-
-        episode_start = torch.ones(B, dtype=torch.bool, device=device)
-        resetting = np.zeros(B, dtype=bool)  # next-step envs: this step starts a new episode
-        previous = (actions[:, 0].clone(), rewards[:, 0].clone())  # the last action and reward
-        gym_path = named_env(cfg.env.name).any_gym_id
-        mmer = math.nan  # POPGym's MMER: the best interval mean return so far (gym path)
-        stats = EpisodeStats(B, cfg.env.name)
-        span_stats = SpanStats()
-        interval = dict.fromkeys(INTERVAL_MEANS, 0.0)
-        interval[BEHAVIOUR_RATIO_ERROR] = 0.0  # the largest of the interval's updates
-        interval_start, updates_in_interval = time.perf_counter(), 0
-        acting = checkpoint.get("acting") if checkpoint is not None else None
-        if acting is not None:
-            mmer = acting[dist.rank].get("mmer", math.nan)
-        if acting is not None and acting[dist.rank]["envs"] is not None:  # continue the episodes
-            saved = acting[dist.rank]
-            vec_env.load_state_dict(as_arrays(saved["envs"]))
-            obs, episode_start = to_device(saved["obs"], device), saved["episode_start"].to(device)
-            previous = tuple(x.to(device) for x in saved["previous"])
-            resetting = saved["resetting"].numpy().copy()
-            state = type(state).from_state_dict(saved["memory"], device)
-            if anchor is not None and anchor.active:
-                anchor.state = type(state).from_state_dict(saved["anchor_memory"], device)
-            stats.load_state_dict(saved["episodes"])
-            span_stats.load_state_dict(saved["spans"])
-            interval, updates_in_interval = saved["interval"], saved["updates_in_interval"]
-        elif checkpoint is not None:  # (environments without a state_dict)
-            log.warning("the environments restart from their seeds: the run replays episodes")
-        if anchor is not None and anchor.active and anchor.state is None:
-            anchor.state = anchor.model.core.refresh(state)
-
-        for update in range(first_update, num_updates):
-            # Act for T steps in step mode, from the carried memory read with the current
-            # weights, as the learner will read it; remember the memory the unroll starts from.
-            agent.eval()
-            state = agent.core.refresh(state)
-            unroll_state, unroll_previous = state, previous
-            memory_size = 0.0
-            truncation_values.zero_()
-            for t in range(T):
-                store_step(obs_buf, t, obs)
-                starts[:, t] = episode_start
-                valid[:, t] = torch.as_tensor(~resetting, device=device)
-                action, log_probs[:, t], values[:, t], out = agent.act(
-                    obs, state, episode_start, previous
+        for update in range(progress.update, num_updates):
+            collect_unroll(agent, player, unroll, span_stats, bootstrap_truncated)
+            means = learner.update(unroll, update)
+            interval.add({"memory_size": unroll.memory_size, **means}, steps_per_update)
+            progress.update, progress.step = update + 1, (update + 1) * steps_per_update
+            bar.update(steps_per_update)
+            last = update + 1 == num_updates
+            if progress.update % cfg.log_interval == 0 or last:
+                metrics = interval_metrics(
+                    interval, span_stats, player.stats, learner, progress.update, dist
                 )
-                actions[:, t] = action
-                memory_size += out.memory_size
-                span_stats.add(out.spans)
-                next_obs, reward, terminated, truncated, info = vec_env.step(action.cpu().numpy())
-                ended = terminated | truncated
-                stats.record(reward, ended, episode_info(info, next_step), counted=~resetting)
-                reward = torch.as_tensor(reward, dtype=torch.float32, device=device)
-                cut = truncated & ~terminated & bootstrap_truncated
-                if next_step:  # bootstrapped from the reset step's value, after the unroll
-                    truncation_values[:, t] = torch.as_tensor(cut, device=device)
-                elif cut.any():
-                    truncation_values[cut, t] = final_values(
-                        agent, vec_env, info["final_obs"][cut], cut, out.state, (action, reward)
-                    )
-                rewards[:, t] = reward
-                dones[:, t] = torch.as_tensor(ended | resetting, device=device)
-                state, obs, previous = out.state, to_device(next_obs, device), (action, reward)
-                starting, resetting = after_step(ended, resetting, next_step)
-                episode_start = torch.as_tensor(starting, device=device)
-            # The bootstrap value (its state is not kept).
-            _, _, bootstrap_value, _ = agent.act(obs, state, episode_start, previous)
-            if next_step:  # a reset step acted on the final observation of the episode before
-                next_values = torch.cat([values[:, 1:], bootstrap_value[:, None]], dim=1)
-                truncation_values.mul_(next_values)
-
-            # Learn in block mode over the unroll.
-            agent.train()
-            advantages, returns = generalized_advantages(
-                rewards,
-                values,
-                dones,
-                bootstrap_value,
-                cfg.agent.gamma,
-                cfg.agent.gae_lambda,
-                truncation_values,
-            )
-            mask = None if bool(valid.all()) else valid
-            if cfg.agent.name == "ppo":
-                advantages = normalised(advantages, returns, cfg.agent.advantage_scale, mask)
-            # What the agent saw before each step: the unroll's actions and rewards, shifted.
-            previous_actions, previous_rewards = (
-                torch.cat([first[:, None], later[:, :-1]], dim=1)
-                for first, later in zip(unroll_previous, (actions, rewards), strict=True)
-            )
-            # (runs saved before agent.lr_schedule existed had a constant rate)
-            fraction = lr_fraction(cfg.agent.get("lr_schedule", "constant"), update, num_updates)
-            for group, base_lr in zip(optimizer.param_groups, base_lrs, strict=True):
-                group["lr"] = base_lr * fraction
-            anchored = anchor is not None and anchor.active
-            if anchored:  # the anchor's policy on the whole unroll, once, from its own memory
-                anchor_logits = anchor.policy(obs_buf, starts, (previous_actions, previous_rewards))
-            losses = dict.fromkeys(LOSS_KEYS, torch.zeros((), device=device))
-            epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
-            for _ in range(cfg.agent.epochs):
-                epochs_run, epoch_kl = epochs_run + 1, 0.0
-                for index in minibatches(B, cfg.agent.minibatches):
-                    start = unroll_state if index is ALL else unroll_state.select(index)
-                    logits, new_values, out = ddp_agent(
-                        select_envs(obs_buf, index),
-                        start,
-                        starts[index],
-                        (previous_actions[index], previous_rewards[index]),
-                    )
-                    minibatch_mask = None if mask is None else mask[index]
-                    if minibatches_run == 0:  # before the unroll's first optimiser step
-                        ratio_error = behaviour_ratio_error(
-                            logits, actions[index], log_probs[index], minibatch_mask
-                        )
-                    terms = learner_loss(
-                        cfg.agent,
-                        logits,
-                        new_values,
-                        actions[index],
-                        log_probs[index],
-                        advantages[index],
-                        returns[index],
-                        minibatch_mask,
-                    )
-                    loss = terms.total(cfg.agent.value_coef, cfg.agent.entropy_coef) + out.aux_loss
-                    anchor_kl = torch.zeros((), device=device)
-                    if anchored:
-                        reference = select_envs(anchor_logits, index)
-                        anchor_kl = masked_mean(policy_kl(logits, reference), minibatch_mask)
-                        loss = loss + anchor_coef * anchor_kl
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if cfg.agent.max_grad_norm:
-                        torch.nn.utils.clip_grad_norm_(agent.parameters(), cfg.agent.max_grad_norm)
-                    optimizer.step()
-                    minibatches_run += 1
-                    for key, value in zip(
-                        LOSS_KEYS,
-                        (terms.policy, terms.value, terms.entropy, out.aux_loss, anchor_kl),
-                        strict=True,
-                    ):
-                        losses[key] = losses[key] + value.detach()  # summed without a sync
-                    if terms.approx_kl is not None:
-                        epoch_kl += terms.approx_kl.detach() / cfg.agent.minibatches  # no sync
-                # PPO: stop this unroll's epochs once the policy is target_kl away from the one
-                # that acted (decided on the mean over ranks, so that all ranks stop together).
-                target_kl = cfg.agent.get("target_kl")
-                if target_kl and all_reduce_mean({"kl": float(epoch_kl)}, dist)["kl"] > target_kl:
-                    break
-
-            update_means = {key: float(value) / minibatches_run for key, value in losses.items()}
-            update_means.update(
-                memory_size=memory_size / T, approx_kl=float(epoch_kl), epochs=epochs_run
-            )
-            for key, value in update_means.items():
-                interval[key] = interval.get(key, 0.0) + value  # (resumed: a key may be new)
-            interval[BEHAVIOUR_RATIO_ERROR] = max(interval[BEHAVIOUR_RATIO_ERROR], ratio_error)
-            updates_in_interval += 1
-            step = (update + 1) * steps_per_update
-            progress.update(steps_per_update)
-
-            if (update + 1) % cfg.log_interval == 0 or update + 1 == num_updates:
-                elapsed = time.perf_counter() - interval_start
-                metrics = {key: value / updates_in_interval for key, value in interval.items()}
-                metrics[BEHAVIOUR_RATIO_ERROR] = all_reduce_max(
-                    interval[BEHAVIOUR_RATIO_ERROR], dist
-                )
-                metrics.update(stats.summary())
-                metrics.update(span_stats.summary())
-                metrics.update(
-                    update=update + 1,
-                    sps=updates_in_interval * steps_per_update / elapsed,
-                    lr=optimizer.param_groups[0]["lr"],
-                )
-                metrics = all_reduce_mean(metrics, dist)  # a collective: every rank logs here
-                if gym_path:
-                    metrics["mmer"] = mmer = float(np.fmax(mmer, metrics["return"]))  # NaN: none
-                logger.log(metrics, step=step)
-                set_metrics(progress, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
-                # Keep the model of the best interval so far beside the last one (the same on
-                # every rank: the metrics are averaged over ranks).
-                metric = best["metric"] if best else task_metric(cfg.env.name, [metrics])
-                value = metrics[metric]
-                if not math.isnan(value) and (best is None or value > best["value"]):
-                    best = {"metric": metric, "value": value, "step": step}
-                    if anchor is not None:  # (the env reports success: check_config)
-                        anchor.keep(agent, metrics["success"], state)
-                    if dist.is_main:
-                        model = {"agent": agent.state_dict(), "step": step, "best": best}
-                        model["config"] = OmegaConf.to_container(cfg, resolve=True)
-                        save_checkpoint(run_dir, model, filename=BEST_CHECKPOINT_FILE)
-                interval = dict.fromkeys(interval, 0.0)
-                interval_start, updates_in_interval = time.perf_counter(), 0
-            if (update + 1) % cfg.checkpoint_interval == 0 or update + 1 == num_updates:
-                # Every rank takes part: what each rank's acting carries over is gathered.
-                exact_envs = hasattr(vec_env, "state_dict")  # a user's env may have none
-                anchored = anchor is not None and anchor.active
-                carried = {
-                    "envs": as_tensors(vec_env.state_dict()) if exact_envs else None,
-                    "obs": map_observation(torch.Tensor.cpu, obs),
-                    "episode_start": episode_start.cpu(),
-                    "resetting": torch.from_numpy(resetting.copy()),
-                    "previous": [x.cpu() for x in previous],
-                    "mmer": mmer,
-                    "memory": state.state_dict(),
-                    "anchor_memory": anchor.state.state_dict() if anchored else None,
-                    "episodes": stats.state_dict(),
-                    "spans": span_stats.state_dict(),
-                    "interval": dict(interval),
-                    "updates_in_interval": updates_in_interval,
-                }
-                gathered = gather_rank_states(dist, agent, acting=carried)
-                if dist.is_main:
-                    save_checkpoint(
-                        run_dir,
-                        keep_last=cfg.checkpoint_keep,
-                        state={
-                            **gathered,
-                            "agent": agent.state_dict(),
-                            "optimizer": optimizer.state_dict(),
-                            "update": update + 1,
-                            "step": step,
-                            "best": best,
-                            "config": OmegaConf.to_container(cfg, resolve=True),
-                            **({"anchor": anchor.model.state_dict()} if anchored else {}),
-                        },
-                    )
-        progress.close()
+                if gym_path:  # POPGym's MMER: the best interval mean return so far
+                    progress.mmer = float(np.fmax(progress.mmer, metrics["return"]))  # NaN: none
+                    metrics["mmer"] = progress.mmer
+                logger.log(metrics, step=progress.step)
+                set_metrics(bar, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
+                keep_best(cfg, metrics, learner, player, progress, run_dir, dist)
+            if progress.update % cfg.checkpoint_interval == 0 or last:
+                save_training(cfg, learner, player, span_stats, interval, progress, run_dir, dist)
+        bar.close()
         if cfg.eval.after_training and dist.is_main:
             report_trained_agent(agent, cfg, run_dir)
+
+
+def restore(
+    checkpoint: dict,
+    rank: int,
+    learner: Learner,
+    player: Player,
+    span_stats: SpanStats,
+    interval: UpdateMeans,
+) -> RunProgress:
+    """Loads ``checkpoint`` into the objects a fresh run built; returns its progress."""
+    learner.load_state_dict(checkpoint)
+    restore_rng_state(checkpoint["rng"][rank])
+    acting = checkpoint["acting"][rank]
+    progress = RunProgress(checkpoint["update"], checkpoint["step"], acting["mmer"])
+    progress.best = checkpoint["best"]
+    if acting["envs"] is None:  # (environments without a state_dict)
+        log.warning("the environments restart from their seeds: the run replays episodes")
+        return progress
+    player.load_state_dict(acting)
+    if learner.anchored:
+        learner.anchor.state = type(player.state).from_state_dict(
+            acting["anchor_memory"], player.device
+        )
+    span_stats.load_state_dict(acting["spans"])
+    interval.load_state_dict(acting["interval"])
+    return progress
+
+
+def interval_metrics(
+    interval: UpdateMeans,
+    span_stats: SpanStats,
+    episodes: EpisodeStats,
+    learner: Learner,
+    update: int,
+    dist: DistInfo,
+) -> dict[str, float]:
+    """The logging interval's line: means over its updates and its episodes, averaged over
+    ranks (a collective: every rank calls it)."""
+    metrics = interval.summary()
+    metrics[BEHAVIOUR_RATIO_ERROR] = all_reduce_max(metrics[BEHAVIOUR_RATIO_ERROR], dist)
+    metrics.update(episodes.summary())
+    metrics.update(span_stats.summary())
+    metrics.update(update=update, lr=learner.optimizer.param_groups[0]["lr"])
+    return all_reduce_mean(metrics, dist)
+
+
+def keep_best(
+    cfg: DictConfig,
+    metrics: dict[str, float],
+    learner: Learner,
+    player: Player,
+    progress: RunProgress,
+    run_dir: Path,
+    dist: DistInfo,
+) -> None:
+    """At a new best interval (of the task metric), keeps its model beside the last one
+    (RUN_DIR/best.pt; the same on every rank: the metrics are averaged over ranks), and the
+    KL anchor at it."""
+    best = progress.best
+    metric = best["metric"] if best else task_metric(cfg.env.name, [metrics])
+    value = metrics[metric]
+    if math.isnan(value) or (best is not None and value <= best["value"]):
+        return
+    progress.best = {"metric": metric, "value": value, "step": progress.step}
+    if learner.anchor is not None:  # (the env reports success: check_config)
+        learner.anchor.keep(learner.agent, metrics["success"], player.state)
+    if dist.is_main:
+        model = {"agent": learner.agent.state_dict(), "step": progress.step}
+        model.update(best=progress.best, config=OmegaConf.to_container(cfg, resolve=True))
+        save_checkpoint(run_dir, model, filename=BEST_CHECKPOINT_FILE)
+
+
+def save_training(
+    cfg: DictConfig,
+    learner: Learner,
+    player: Player,
+    span_stats: SpanStats,
+    interval: UpdateMeans,
+    progress: RunProgress,
+    run_dir: Path,
+    dist: DistInfo,
+) -> None:
+    """RUN_DIR/checkpoint.pt: the learner, the progress and what each rank's acting carries
+    to the next update (a collective: every rank takes part), which `restore` loads."""
+    anchor_memory = learner.anchor.state.state_dict() if learner.anchored else None
+    acting = {
+        **player.state_dict(),
+        "anchor_memory": anchor_memory,
+        "mmer": progress.mmer,
+        "spans": span_stats.state_dict(),
+        "interval": interval.state_dict(),
+    }
+    gathered = gather_rank_states(dist, learner.agent, acting=acting)
+    if dist.is_main:
+        state = {**gathered, **learner.state_dict(), "update": progress.update}
+        state.update(step=progress.step, best=progress.best)
+        state["config"] = OmegaConf.to_container(cfg, resolve=True)
+        save_checkpoint(run_dir, state, keep_last=cfg.checkpoint_keep)
 
 
 def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> None:
@@ -540,38 +342,6 @@ def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> 
         result["episodes"],
         run_dir / EVAL_FILE,
     )
-
-
-def store_step(obs_buf: Any, t: int, obs: Any) -> None:
-    """obs_buf[:, t] = obs, for each tensor of a structured observation."""
-    map_observation(lambda buffer, x: buffer[:, t].copy_(x), obs_buf, obs)
-
-
-def select_envs(obs: Any, index: Any) -> Any:
-    """obs[index]: the observations of some environments (a minibatch)."""
-    return map_observation(lambda x: x[index], obs)
-
-
-def as_tensors(value: Any) -> Any:
-    """`value` with its NumPy arrays as tensors, so that it loads with weights_only=True."""
-    if isinstance(value, np.ndarray):
-        return torch.from_numpy(value.copy())
-    if isinstance(value, dict):
-        return {key: as_tensors(item) for key, item in value.items()}
-    if isinstance(value, list | tuple):
-        return [as_tensors(item) for item in value]
-    return value
-
-
-def as_arrays(value: Any) -> Any:
-    """The inverse of `as_tensors`."""
-    if isinstance(value, torch.Tensor):
-        return value.numpy()
-    if isinstance(value, dict):
-        return {key: as_arrays(item) for key, item in value.items()}
-    if isinstance(value, list):
-        return [as_arrays(item) for item in value]
-    return value
 
 
 def evaluate(cfg: DictConfig) -> None:

@@ -1,50 +1,14 @@
-"""Playing an agent in vector envs: when their envs reset (same step or next step), which steps
-start episodes, and the episodes' returns, lengths and outcomes (`EpisodeStats`)."""
+"""The episodes an agent plays: their returns, lengths and outcomes (`EpisodeStats`)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
 
-import gymnasium as gym
 import numpy as np
 import torch
-from gymnasium.vector import AutoresetMode
 
-from agents.encoders import map_observation
 from envs.registry import INFO_KEYS, named_env
-from training.config import ConfigError
-
-
-def to_device(obs: Any, device: torch.device | str) -> Any:
-    """An observation (an array, or a tuple or dict of them) as tensors on ``device``, each
-    with its own dtype."""
-    return map_observation(lambda x: torch.as_tensor(x, device=device), obs)
-
-
-def resets_next_step(vec_env: gym.vector.VectorEnv) -> bool:
-    """Whether ``vec_env`` resets an env in the step after the one that ended its episode
-    (Gymnasium's next-step autoreset, as CartPole's own vector env does) rather than in the
-    same step. That reset step ignores the action and ends nothing."""
-    mode = AutoresetMode(vec_env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
-    if mode == AutoresetMode.DISABLED:
-        raise ConfigError(
-            "the vector env does not reset its envs itself (autoreset disabled); use "
-            "env.vectorization=sync"
-        )
-    return mode == AutoresetMode.NEXT_STEP
-
-
-def after_step(
-    ended: np.ndarray, resetting: np.ndarray, next_step: bool
-) -> tuple[np.ndarray, np.ndarray]:
-    """Which envs start an episode with the next step, and which envs' next step is a reset
-    step (the action not taken), after a step that ended the episodes ``ended`` and was a
-    reset step for ``resetting``: a same-step env starts the next episode at once, a
-    next-step env one step later."""
-    if next_step:
-        return resetting, ended
-    return ended, resetting
 
 
 def episode_info(info: dict, next_step: bool) -> dict:

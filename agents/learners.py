@@ -11,8 +11,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from memory import span_parameters
-
 
 def generalized_advantages(
     rewards: torch.Tensor,
@@ -237,21 +235,12 @@ def lr_fraction(schedule: str, update: int, num_updates: int) -> float:
     return 1 - update / num_updates if schedule == "linear" else 1.0
 
 
-def make_optimizer(
-    agent: torch.nn.Module, name: str, lr: float, span_lr_scale: float = 1.0
-) -> torch.optim.Optimizer:
+def make_optimizer(agent: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
     """RMSProp, Adam or Adam with AMSGrad ("rmsprop", "adam", "amsgrad") over the agent's
-    parameters; those that set memory spans (``memory.span_parameters``) learn at
-    ``lr * span_lr_scale``."""
-    groups = [{"params": list(agent.parameters())}]
-    spans = span_parameters(agent)
-    if spans and span_lr_scale != 1:
-        span_ids = {id(p) for p in spans}
-        groups = [
-            {"params": [p for p in agent.parameters() if id(p) not in span_ids]},
-            {"params": spans, "lr": lr * span_lr_scale},
-        ]
+    parameters."""
     if name == "rmsprop":
-        return torch.optim.RMSprop(groups, lr=lr, eps=1e-5, foreach=True)
+        return torch.optim.RMSprop(agent.parameters(), lr=lr, eps=1e-5, foreach=True)
     # fused: one kernel for all parameters, four times faster than a loop over them on a CPU
-    return torch.optim.Adam(groups, lr=lr, eps=1e-5, amsgrad=name == "amsgrad", fused=True)
+    return torch.optim.Adam(
+        agent.parameters(), lr=lr, eps=1e-5, amsgrad=name == "amsgrad", fused=True
+    )

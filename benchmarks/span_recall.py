@@ -62,9 +62,7 @@ def train(
     ramp: float = 4.0,
     alpha: float = 1e-3,
     lr: float = 5e-3,
-    span_lr_scale: float = 1.0,
     layers: int = 1,
-    renormalise: bool = True,
     log: int = 250,
 ) -> Iterator[dict]:
     """Train the recall model; every ``log`` steps yield a record of the step's batch and of
@@ -83,10 +81,9 @@ def train(
         ramp=ramp,
         aux_loss_coef=alpha,
         init_span_fraction=0.5,
-        renormalise=renormalise,
     )
     model = RecallModel(cfg)
-    optimizer = make_optimizer(model, "adam", lr, span_lr_scale)
+    optimizer = make_optimizer(model, "adam", lr)
     far_tokens, far_bits, far_query_at = batch(256, length, d_max, d_max)
     for step in range(1, steps + 1):
         tokens, bits, query_at = batch(batch_size, length, d_min, d_max)
@@ -129,14 +126,7 @@ def main() -> None:
     parser.add_argument("--ramp", type=float, default=4.0)
     parser.add_argument("--alpha", type=float, default=1e-3, help="span penalty coefficient")
     parser.add_argument("--lr", type=float, default=5e-3)
-    parser.add_argument("--span-lr-scale", type=float, default=1.0)
     parser.add_argument("--layers", type=int, default=1)
-    parser.add_argument(
-        "--no-renormalise",
-        dest="renormalise",
-        action="store_false",
-        help="masked attention weights m a without eq. 4's renormalisation",
-    )
     parser.add_argument("--log", type=int, default=250)
     args = parser.parse_args()
     torch.set_num_threads(1)

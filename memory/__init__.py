@@ -29,7 +29,7 @@ on the distance t - i and on episode boundaries, never on how the steps were gro
 """
 
 from memory.config import MemoryConfig
-from memory.kind import MemoryKind, kind_classes, kind_names, span_parameters
+from memory.kind import MemoryKind, kind_classes, kind_names
 from memory.store import LayerMemory, MemoryState, Slots, SlotStore
 from memory.transformer import CoreOutput, MemoryLayer, MemoryTransformer
 
@@ -45,5 +45,4 @@ __all__ = [
     "Slots",
     "kind_classes",
     "kind_names",
-    "span_parameters",
 ]

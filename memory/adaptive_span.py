@@ -40,9 +40,6 @@ class AdaptiveSpan(MemoryKind):
     def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         return self.coef * self.spans().mean()
 
-    def span_parameters(self) -> list[nn.Parameter]:
-        return [self.span_fraction]
-
     def read(self, *args) -> Read:
         fraction = self.span_fraction
         if self.training and not bool(((fraction >= 0) & (fraction <= 1)).all()):

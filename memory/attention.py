@@ -7,11 +7,6 @@ log m_ti, this is exact and numerically safe: the softmax subtracts the largest
 and keys with m_ti = 0 get exactly zero weight (and zero gradient). The gradient with
 respect to m_ti is that of eq. 4, which is how Expire-Span's spans learn.
 
-Without renormalisation (``memory.renormalise=false``) a segment carries m_ti as a
-``scale`` instead: a'_ti = m_ti a_ti over the keys with m_ti > 0, so a memory's share of
-the output falls linearly along its ramp even when it dominates the attention, where eq. 4
-keeps it near 1 until m_ti is about 0 and its span gets no gradient.
-
 Relative position embeddings (Shaw et al. 2018) add q_t . p_{t-i} to the score, but only
 for distances t - i < block_len (A.1): older memories get none, so the position term
 costs O(block_len) per query whatever the maximum span, and it depends only on t - i, so
@@ -36,7 +31,6 @@ class Segment(NamedTuple):
     keys: Tensor  # (B, H, head_dim, N)
     values: Tensor  # (B, H, N, head_dim)
     log_mask: Tensor  # (B, 1 or H, Q, N): log m_ti, -inf where the query must not look
-    scale: Tensor | None = None  # (B, 1 or H, Q, N): m_ti applied after the softmax, unnormalised
 
 
 def log_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
@@ -53,15 +47,11 @@ def log_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
 
 def split(segment: Segment, at: int) -> list[Segment]:
     """The segment's keys before ``at`` and from ``at`` on, as two segments."""
-    keys, values, log_m, scale = segment
+    keys, values, log_m = segment
     return [
-        Segment(keys[..., :at], values[:, :, :at], log_m[..., :at], _cut(scale, None, at)),
-        Segment(keys[..., at:], values[:, :, at:], log_m[..., at:], _cut(scale, at, None)),
+        Segment(keys[..., :at], values[:, :, :at], log_m[..., :at]),
+        Segment(keys[..., at:], values[:, :, at:], log_m[..., at:]),
     ]
-
-
-def _cut(scale: Tensor | None, begin: int | None, end: int | None) -> Tensor | None:
-    return None if scale is None else scale[..., begin:end]
 
 
 class MemoryAttention(nn.Module):
@@ -130,9 +120,6 @@ class MemoryAttention(nn.Module):
             scores[-1] += position
         weights = scores[0] if len(scores) == 1 else torch.cat(scores, -1)
         weights = torch.softmax(weights, -1)  # eq. 4 through the log mask
-        if segments[0].scale is not None:  # unnormalised: m_ti a_ti
-            scale = [s.scale for s in segments]
-            weights = weights * (scale[0] if len(scale) == 1 else torch.cat(scale, -1))
         kept = weights.detach() if keep_weights else None
         if self.dropout.p > 0:
             weights = self.dropout(weights)

@@ -31,9 +31,6 @@ class MemoryConfig:
     # Initial span as a fraction of L: sets the span predictor's bias (expire_span, A.1 "small
     # initial spans") and the initial learned span of every head (adaptive_span).
     init_span_fraction: float = 0.1
-    # Renormalise the masked attention weights (eq. 4). False: a'_ti = m_ti a_ti, so a memory
-    # that dominates the attention still loses weight along its ramp and its span a gradient.
-    renormalise: bool = True
     scaled_span: bool = False  # expire_span: eq. 8, e = L sigmoid((w.h + b) / R), for very large L
     memory_shortening: bool = False  # expire_span: random memory shortening in training (4.2)
     # expire_span: spans held where the attention relies on a memory. A memory that a query

@@ -108,9 +108,6 @@ class ExpireSpan(MemoryKind):
     def span(self, hidden: Tensor) -> Tensor:
         return self.predictor(hidden)
 
-    def span_parameters(self) -> list[nn.Parameter]:
-        return list(self.predictor.parameters())
-
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
         return expire_mask(relative, span, offsets, self.ramp)
 

@@ -4,7 +4,7 @@ A query at time t of batch element b may attend to memory i (time index i) when 
 the same episode (i >= the episode begin seen by that query) and i <= t (causal; the
 query sees itself). On top of that each kind defines a mask m_ti in [0, 1] (``mask``);
 the attention weights are multiplied by it and renormalised (eq. 4, in
-``memory.attention``; ``memory.renormalise=false`` leaves them unnormalised). A memory
+``memory.attention``). A memory
 whose mask is 0 for the next query can never be seen again (every mask here only shrinks
 as t grows) and is deleted (``alive``).
 """
@@ -87,13 +87,6 @@ class Read(NamedTuple):
     slots: Slots | None = None  # the keys' memories, in order (``attention_loss``)
 
 
-def span_parameters(model: nn.Module) -> list[nn.Parameter]:
-    """The parameters that set memory spans anywhere in ``model`` (Expire-Span's span
-    predictors, Adaptive-Span's spans), e.g. to give them optimiser settings of their own."""
-    kinds = (m for m in model.modules() if isinstance(m, MemoryKind))
-    return [p for kind in kinds for p in kind.span_parameters()]
-
-
 def ramp_mask(start: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
     """clamp(start_i - offset_t / R, 0, 1) for every query offset: (..., Q, N) from (..., N)."""
     if offsets is None:
@@ -123,7 +116,6 @@ class MemoryKind(nn.Module):
         self.cfg = cfg
         self.max_span = cfg.max_span
         self.window = cfg.block_len - 1  # memories before a call that can get a position term
-        self.renormalise = cfg.renormalise
 
     # --- what subclasses define ------------------------------------------------------
     @classmethod
@@ -162,10 +154,6 @@ class MemoryKind(nn.Module):
         a kind hides from this call only, keeping them in memory (none here)."""
         return mask
 
-    def span_parameters(self) -> list[nn.Parameter]:
-        """The parameters that set how long memories are kept (learned spans), if any."""
-        return []
-
     def attention_loss(self, weights: Tensor, slots: Slots, call: Call) -> Tensor:
         """A loss on the memories from the attention weights the call's queries gave them,
         (B, H, Q, N) in the order of ``slots``, detached (``learns_from_attention``)."""
@@ -198,10 +186,7 @@ class MemoryKind(nn.Module):
         m = self.restrict(m, slots, call)
         if m.dim() == 3:
             m = m[:, None]
-        if m.dtype == torch.bool or self.renormalise:
-            segment = Segment(slots.keys, slots.values, log_mask(m, call.dtype))
-        else:
-            segment = Segment(slots.keys, slots.values, log_mask(m > 0, call.dtype), m)
+        segment = Segment(slots.keys, slots.values, log_mask(m, call.dtype))
         if not call.in_place:
             recent = self.delete(slots, call, self.alive)
         window = self.window_of(slots.position, call)

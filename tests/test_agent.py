@@ -24,7 +24,7 @@ from agents.module_swap import module_group, module_groups, swapped
 from agents.recurrent import RecurrentState
 from analysis.probes import keep_new_memories, success_by_case
 from analysis.span_drift import drift_split
-from memory import MemoryConfig, MemoryTransformer, kind_names, span_parameters
+from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.expire_span import SpanPredictor
 
 OBS_SHAPE = (3, 3, 7)
@@ -136,24 +136,6 @@ def test_default_advantages_are_unit_size_on_any_reward():
         scaled = normalised(advantages, returns, scale)
         assert scaled.std().item() == pytest.approx(1.0)
         torch.testing.assert_close(normalised(advantages, returns + 100.0, scale), scaled)
-
-
-def test_span_parameters_get_their_own_learning_rate():
-    for kind, count in (("expire_span", 4), ("adaptive_span", 2), ("transformer_xl", 0)):
-        core = MemoryTransformer(MemoryConfig(kind=kind, dim=16, num_heads=2, ffn_dim=32))
-        agent = ActorCritic(spaces.Box(0, 1, (3, 3, 6), np.uint8), spaces.Discrete(4), core, 16)
-        spans = span_parameters(agent)
-        assert len(spans) == count  # w and b of each layer's span predictor, or its spans
-        (group,) = make_optimizer(agent, "adam", lr=1e-3).param_groups
-        assert len(group["params"]) == len(list(agent.parameters()))
-        groups = make_optimizer(agent, "rmsprop", lr=1e-3, span_lr_scale=0.1).param_groups
-        if not count:
-            assert len(groups) == 1
-            continue
-        rest, span_group = groups
-        assert span_group["lr"] == pytest.approx(1e-4) and rest["lr"] == 1e-3
-        assert {id(p) for p in span_group["params"]} == {id(p) for p in spans}
-        assert len(rest["params"]) + count == len(list(agent.parameters()))
 
 
 def _adam_steps(name: str, gradients: list[float]) -> list[float]:

@@ -18,9 +18,10 @@ from hydra import compose, initialize_config_dir
 from learning import curves, train_on_seeds
 from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RUN
 
+import agents.update
 from agents.build import build_agent, build_core
 from agents.encoders import FlatEncoder
-from agents.episodes import resets_next_step
+from agents.play import resets_next_step
 from envs.registry import make_env, make_vector_env
 from scripts import load_script
 from training import ConfigError
@@ -200,9 +201,9 @@ def test_a_truncated_episode_bootstraps_from_its_final_observation(
         targets.append(returns[rewards == 1])  # (a next-step env's reset steps pay 0)
         return advantages, returns
 
-    generalized_advantages = train_rl.generalized_advantages
+    generalized_advantages = agents.update.generalized_advantages
     monkeypatch.setattr(train_rl, "build_agent", true_critic)
-    monkeypatch.setattr(train_rl, "generalized_advantages", spied_advantages)
+    monkeypatch.setattr(agents.update, "generalized_advantages", spied_advantages)
     cfg = compose_rl(
         [
             "env=gym",

@@ -12,7 +12,6 @@ from memory import MemoryConfig, MemoryTransformer, kind_names
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
 # every kind with eq. 4's renormalisation, and the soft masks without it
 KINDS = kind_names()
-MASKINGS = [(kind, True) for kind in KINDS] + [("expire_span", False), ("adaptive_span", False)]
 
 
 @pytest.fixture(autouse=True)
@@ -77,9 +76,9 @@ def run_steps(core, x, starts, state=None):
     return torch.stack(outputs, 1), state
 
 
-@pytest.mark.parametrize(("kind", "renormalise"), MASKINGS)
-def test_step_mode_equals_block_mode(kind, renormalise):
-    core = make_core(kind, renormalise=renormalise)
+@pytest.mark.parametrize("kind", KINDS)
+def test_step_mode_equals_block_mode(kind):
+    core = make_core(kind)
     x = torch.randn(3, 40, 16)
     starts = episode_starts(3, 40)
     with torch.no_grad():
@@ -89,11 +88,11 @@ def test_step_mode_equals_block_mode(kind, renormalise):
         assert (blocked - stepped).abs().max() < TOLERANCE, block
 
 
-@pytest.mark.parametrize(("kind", "renormalise"), MASKINGS)
-def test_gradients_do_not_change_outputs(kind, renormalise):
+@pytest.mark.parametrize("kind", KINDS)
+def test_gradients_do_not_change_outputs(kind):
     """With gradients, memory keys/values/spans are recomputed from the stored memories and
     step mode runs as a block of one; the outputs must not change."""
-    core = make_core(kind, renormalise=renormalise)
+    core = make_core(kind)
     x = torch.randn(3, 24, 16)
     starts = episode_starts(3, 24)
     with torch.no_grad():

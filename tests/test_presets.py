@@ -39,7 +39,7 @@ def test_paper_preset_is_the_papers_corridor_agent():
     assert (memory.kind, memory.num_layers, memory.dim) == ("expire_span", 2, 64)
     assert (memory.max_span, memory.aux_loss_coef, memory.ramp) == (200, 5e-6, 16)
     assert memory.init_span_fraction == 0.1 and memory.attended_span_coef == 0
-    assert memory.renormalise and not memory.scaled_span
+    assert not memory.scaled_span
     assert cfg.preset == "paper"
 
 

@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RL, TINY_RUN
 
 import agents.evaluation
+import agents.update
 from agents import RECURRENT_KINDS
 from agents.build import build_agent
 from envs.registry import make_env
@@ -194,20 +195,17 @@ def test_target_kl_stops_the_ppo_epochs_of_an_unroll(tmp_path, target_kl, epochs
 
 @pytest.mark.parametrize("schedule", ["constant", "linear"])
 def test_lr_schedule_sets_the_learning_rate_of_every_update(tmp_path, schedule):
-    """linear: update u of N learns at lr (1 - u / N), in every parameter group (the span
-    predictor's at its own scale); constant: at lr throughout."""
+    """linear: update u of N learns at lr (1 - u / N); constant: at lr throughout."""
     run_dir = tmp_path / "run"
     overrides = [*TINY_RL, f"total_steps={4 * STEPS_PER_UPDATE}", "agent.lr=1e-3"]
-    overrides += [f"agent.lr_schedule={schedule}", "agent.span_lr_scale=0.5"]
+    overrides.append(f"agent.lr_schedule={schedule}")
     result = run([*overrides, "eval.after_training=false"], run_dir)
     assert result.returncode == 0, result.stderr
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     fractions = [1 - u / 4 for u in range(4)] if schedule == "linear" else [1.0] * 4
     assert [line["lr"] for line in lines] == pytest.approx([1e-3 * f for f in fractions])
     groups = torch.load(run_dir / "checkpoint.pt", weights_only=True)["optimizer"]["param_groups"]
-    assert [group["lr"] for group in groups] == pytest.approx(
-        [1e-3 * fractions[-1], 5e-4 * fractions[-1]]
-    )
+    assert [group["lr"] for group in groups] == pytest.approx([1e-3 * fractions[-1]])
 
 
 def test_resume_continues_the_saved_config_and_refuses_to_change_it(tmp_path):
@@ -278,7 +276,7 @@ def test_a_failing_run_closes_its_logger_envs_and_process_group(tmp_path, monkey
     def fail(*args, **kwargs):
         raise RuntimeError("learner failed")
 
-    monkeypatch.setattr(train_rl, "generalized_advantages", fail)
+    monkeypatch.setattr(agents.update, "generalized_advantages", fail)
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose("rl", overrides=[*TINY_RL, f"total_steps={4 * STEPS_PER_UPDATE}"])
     with pytest.raises(RuntimeError, match="learner failed"):
@@ -469,14 +467,14 @@ def test_logged_losses_are_means_over_every_minibatch_of_the_interval(tmp_path, 
     over all of them (two updates of 8 x 2 here), not the last minibatch's."""
     train_rl = load_script("train_rl")
     monkeypatch.chdir(tmp_path)
-    taken, learner_loss = [], train_rl.learner_loss
+    taken, learner_loss = [], agents.update.learner_loss
 
     def spied_loss(*args):
         terms = learner_loss(*args)
         taken.append((terms.policy.item(), terms.value.item(), terms.entropy.item()))
         return terms
 
-    monkeypatch.setattr(train_rl, "learner_loss", spied_loss)
+    monkeypatch.setattr(agents.update, "learner_loss", spied_loss)
     overrides = [*TINY_RL, "log_interval=2", f"total_steps={2 * STEPS_PER_UPDATE}"]
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose("rl", overrides=[*overrides, "eval.after_training=false"])

@@ -62,6 +62,7 @@ from training.metrics import (
     METRICS_FILE,
     MetricsLogger,
     SpanStats,
+    UpdateMeans,
     check_wandb_config,
     read_metrics,
     start_logging,
@@ -69,7 +70,7 @@ from training.metrics import (
 )
 from training.presets import describe_preset
 from training.progress import progress_bar, set_metrics
-from training.run import gather_rank_states, start_run
+from training.run import RunProgress, gather_rank_states, start_run
 from training.run_dir import (
     CONFIG_FILE,
     CURVES_FILE,
@@ -97,7 +98,9 @@ __all__ = [
     "ConfigError",
     "DistInfo",
     "MetricsLogger",
+    "RunProgress",
     "SpanStats",
+    "UpdateMeans",
     "all_gather_object",
     "all_reduce_max",
     "all_reduce_mean",

@@ -15,8 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import math
+import operator
 import os
 import secrets
+import time
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from pathlib import Path
@@ -135,6 +137,42 @@ class SpanStats:
                 metrics[f"span/l{layer}_near_zero"] = near_zero / self._count
         self._count = 0
         return metrics
+
+
+class UpdateMeans:
+    """What the updates of a logging interval report, as means over them (the largest for the
+    keys of ``maxima``), and the interval's environment steps per second (``sps``)."""
+
+    def __init__(self, maxima: Sequence[str] = ()) -> None:
+        self.maxima = tuple(maxima)
+        self._sums: dict[str, float] = {}
+        self._count = self._steps = 0
+        self._started = time.perf_counter()
+
+    def add(self, values: Mapping[str, float], steps: int) -> None:
+        """One update's ``values``, after ``steps`` environment steps."""
+        for key, value in values.items():
+            combine = max if key in self.maxima else operator.add
+            self._sums[key] = combine(self._sums[key], value) if key in self._sums else value
+        self._count, self._steps = self._count + 1, self._steps + steps
+
+    def summary(self) -> dict[str, float]:
+        """The means since the last summary and ``sps``, then forget them."""
+        metrics = {
+            key: value if key in self.maxima else value / self._count
+            for key, value in self._sums.items()
+        }
+        metrics["sps"] = self._steps / (time.perf_counter() - self._started)
+        self._sums, self._count, self._steps = {}, 0, 0
+        self._started = time.perf_counter()
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        """The interval's sums so far (to resume a run within an interval)."""
+        return {"sums": dict(self._sums), "count": self._count, "steps": self._steps}
+
+    def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        self._sums, self._count, self._steps = dict(saved["sums"]), saved["count"], saved["steps"]
 
 
 def start_logging(

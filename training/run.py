@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,17 @@ from training.distributed import (
 from training.host import use_host
 from training.run_dir import get_run_dir
 from training.seeding import rng_state
+
+
+@dataclass
+class RunProgress:
+    """Where a run is: updates and steps done, POPGym's MMER (the best interval mean return
+    so far, Gymnasium envs) and the best logged task metric ``best`` ({metric, value, step})."""
+
+    update: int = 0
+    step: int = 0
+    mmer: float = math.nan
+    best: dict | None = None
 
 
 def start_run(

@@ -1,0 +1,164 @@
+"""An agent playing a batch of environments in step mode (`Player`): the one loop that
+training, evaluation and recording share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from gymnasium.vector import AutoresetMode
+from gymnasium.vector.utils import create_empty_array
+
+from agents.actor_critic import ActorCritic, Previous
+from agents.encoders import map_observation
+from agents.episodes import EpisodeStats, episode_info
+from memory import CoreOutput
+from training.config import ConfigError
+
+
+def to_device(obs: Any, device: torch.device | str) -> Any:
+    """An observation (an array, or a tuple or dict of them) as tensors on ``device``, each
+    with its own dtype."""
+    return map_observation(lambda x: torch.as_tensor(x, device=device), obs)
+
+
+def resets_next_step(vec_env: gym.vector.VectorEnv) -> bool:
+    """Whether ``vec_env`` resets an env in the step after the one that ended its episode
+    (Gymnasium's next-step autoreset, as CartPole's own vector env does) rather than in the
+    same step. That reset step ignores the action and ends nothing."""
+    mode = AutoresetMode(vec_env.metadata.get("autoreset_mode", AutoresetMode.NEXT_STEP))
+    if mode == AutoresetMode.DISABLED:
+        raise ConfigError(
+            "the vector env does not reset its envs itself (autoreset disabled); use "
+            "env.vectorization=sync"
+        )
+    return mode == AutoresetMode.NEXT_STEP
+
+
+@dataclass
+class Step:
+    """One step of play: what the agent saw and did, and what the environments returned."""
+
+    obs: Any  # the observations acted on
+    episode_start: torch.Tensor  # (B,) which of them start an episode
+    counted: np.ndarray  # (B,) False for a next-step env's reset step: its action was ignored
+    action: torch.Tensor
+    log_prob: torch.Tensor
+    value: torch.Tensor
+    out: CoreOutput  # the core's output; out.state is the memory after the step
+    reward: torch.Tensor  # (B,) float32
+    terminated: np.ndarray
+    truncated: np.ndarray
+    info: dict
+
+
+class Player:
+    """Plays an agent in the vector env ``vec_env`` and carries what one step hands the next:
+    the observation, the core's memory, which envs start an episode, the previous action and
+    reward, and the episodes' statistics (``stats``). With Gymnasium's next-step autoreset an
+    env's step after the one that ended its episode is a reset step (`resets_next_step`):
+    its action is ignored, and the step that follows starts the episode."""
+
+    def __init__(
+        self, vec_env: gym.vector.VectorEnv, agent: ActorCritic, stats: EpisodeStats
+    ) -> None:
+        self.vec_env, self.stats = vec_env, stats
+        self.next_step = resets_next_step(vec_env)
+        self.device = next(agent.parameters()).device
+        num_envs = vec_env.num_envs
+        self.obs: Any = None
+        self.state = agent.initial_state(num_envs, self.device)
+        self.episode_start = torch.ones(num_envs, dtype=torch.bool, device=self.device)
+        self.resetting = np.zeros(num_envs, dtype=bool)  # next-step envs: a reset step now
+        no_action = create_empty_array(vec_env.single_action_space, num_envs)
+        self.previous: Previous = (  # (what an episode's first step sees: nothing)
+            torch.as_tensor(no_action, device=self.device),
+            torch.zeros(num_envs, device=self.device),
+        )
+
+    def reset(self, seed: int | None) -> None:
+        obs, _ = self.vec_env.reset(seed=seed)
+        self.obs = to_device(obs, self.device)
+
+    def step(
+        self, agent: ActorCritic, greedy: bool = False, kept: np.ndarray | None = None
+    ) -> Step:
+        """The agent acts on the current observations, the envs step; ``kept``: which envs'
+        finished episodes ``stats`` still counts (None: all)."""
+        action, log_prob, value, out = agent.act(
+            self.obs, self.state, self.episode_start, self.previous, greedy
+        )
+        next_obs, reward, terminated, truncated, info = self.vec_env.step(action.cpu().numpy())
+        ended = terminated | truncated
+        counted = ~self.resetting
+        self.stats.record(reward, ended, episode_info(info, self.next_step), counted, kept)
+        reward = torch.as_tensor(reward, dtype=torch.float32, device=self.device)
+        step = Step(
+            obs=self.obs,
+            episode_start=self.episode_start,
+            counted=counted,
+            action=action,
+            log_prob=log_prob,
+            value=value,
+            out=out,
+            reward=reward,
+            terminated=terminated,
+            truncated=truncated,
+            info=info,
+        )
+        self.state, self.previous = out.state, (action, reward)
+        self.obs = to_device(next_obs, self.device)
+        # A same-step env starts its next episode at once, a next-step env after its reset step.
+        starting = self.resetting if self.next_step else ended
+        if self.next_step:
+            self.resetting = ended
+        self.episode_start = torch.as_tensor(starting, device=self.device)
+        return step
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the next step continues from, as tensors and plain values (to resume within an
+        episode); the envs' own state where they have one (`None` where they have not)."""
+        exact_envs = hasattr(self.vec_env, "state_dict")  # a user's env may have none
+        return {
+            "envs": _as_tensors(self.vec_env.state_dict()) if exact_envs else None,
+            "obs": map_observation(torch.Tensor.cpu, self.obs),
+            "episode_start": self.episode_start.cpu(),
+            "resetting": torch.from_numpy(self.resetting.copy()),
+            "previous": [x.cpu() for x in self.previous],
+            "memory": self.state.state_dict(),
+            "episodes": self.stats.state_dict(),
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        self.vec_env.load_state_dict(_as_arrays(saved["envs"]))
+        self.obs = to_device(saved["obs"], self.device)
+        self.episode_start = saved["episode_start"].to(self.device)
+        self.resetting = saved["resetting"].numpy().copy()
+        self.previous = tuple(x.to(self.device) for x in saved["previous"])
+        self.state = type(self.state).from_state_dict(saved["memory"], self.device)
+        self.stats.load_state_dict(saved["episodes"])
+
+
+def _as_tensors(value: Any) -> Any:
+    """``value`` with its NumPy arrays as tensors, so that it loads with weights_only=True."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(value.copy())
+    if isinstance(value, dict):
+        return {key: _as_tensors(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_as_tensors(item) for item in value]
+    return value
+
+
+def _as_arrays(value: Any) -> Any:
+    """The inverse of `_as_tensors`."""
+    if isinstance(value, torch.Tensor):
+        return value.numpy()
+    if isinstance(value, dict):
+        return {key: _as_arrays(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_arrays(item) for item in value]
+    return value

@@ -1,0 +1,121 @@
+"""One unroll of training: T steps of play in step mode, kept (B, T) for the learner's block
+mode (`Unroll`, `collect_unroll`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from gymnasium.vector.utils import concatenate, create_empty_array
+
+from agents.actor_critic import ActorCritic, Previous
+from agents.encoders import map_observation
+from agents.play import Player, Step, to_device
+from training.metrics import SpanStats
+
+
+class Unroll:
+    """The buffers of one unroll of T steps of B environments, laid out (B, T), and what the
+    learner's block mode starts from: the memory and the previous action and reward before the
+    unroll's first step (``start_state``, ``start_previous``)."""
+
+    def __init__(self, player: Player, length: int) -> None:
+        num_envs, device = player.vec_env.num_envs, player.device
+        shape = (num_envs, length)
+        self.obs = map_observation(lambda x: x.new_zeros((*shape, *x.shape[1:])), player.obs)
+        action = player.previous[0]
+        self.actions = action.new_zeros((*shape, *action.shape[1:]))
+        self.log_probs, self.values, self.rewards, self.dones = (
+            torch.zeros(shape, device=device) for _ in range(4)
+        )
+        # V(final observation) of the steps that truncated an episode (else 0)
+        self.truncation_values = torch.zeros(shape, device=device)
+        self.starts = torch.zeros(shape, dtype=torch.bool, device=device)
+        # False for the reset steps of a next-step env: their action was not taken
+        self.valid = torch.ones(shape, dtype=torch.bool, device=device)
+        self.bootstrap_value = torch.zeros(num_envs, device=device)  # V after the last step
+        self.start_state: Any = None
+        self.start_previous: Previous | None = None
+        self.memory_size = 0.0  # the mean over the unroll's steps of the memories read
+
+    @property
+    def length(self) -> int:
+        return self.rewards.shape[1]
+
+    @property
+    def mask(self) -> torch.Tensor | None:
+        """Which samples the losses count: None when all do."""
+        return None if bool(self.valid.all()) else self.valid
+
+    def previous(self) -> Previous:
+        """What the agent saw before each step besides the observation: the unroll's actions
+        and rewards shifted by one step, (B, T)."""
+        first_action, first_reward = self.start_previous
+        return (
+            torch.cat([first_action[:, None], self.actions[:, :-1]], dim=1),
+            torch.cat([first_reward[:, None], self.rewards[:, :-1]], dim=1),
+        )
+
+    def store(self, t: int, step: Step) -> None:
+        map_observation(lambda buffer, x: buffer[:, t].copy_(x), self.obs, step.obs)
+        self.starts[:, t] = step.episode_start
+        self.valid[:, t] = torch.as_tensor(step.counted, device=self.valid.device)
+        self.actions[:, t] = step.action
+        self.log_probs[:, t], self.values[:, t] = step.log_prob, step.value
+        self.rewards[:, t] = step.reward
+        ended = step.terminated | step.truncated | ~step.counted
+        self.dones[:, t] = torch.as_tensor(ended, device=self.dones.device)
+
+
+def collect_unroll(
+    agent: ActorCritic,
+    player: Player,
+    unroll: Unroll,
+    span_stats: SpanStats,
+    bootstrap_truncated: bool,
+) -> None:
+    """Acts for T steps in step mode and fills ``unroll``. The carried memory is first read
+    with the current weights, as the learner will read it (`refresh`), and kept as the memory
+    the unroll starts from. With ``bootstrap_truncated`` the last step of an episode that a
+    step limit cut bootstraps from the value of its final observation."""
+    agent.eval()
+    player.state = agent.core.refresh(player.state)
+    unroll.start_state, unroll.start_previous = player.state, player.previous
+    unroll.memory_size = 0.0
+    unroll.truncation_values.zero_()
+    for t in range(unroll.length):
+        step = player.step(agent)
+        unroll.store(t, step)
+        unroll.memory_size += step.out.memory_size
+        span_stats.add(step.out.spans)
+        cut = step.truncated & ~step.terminated & bootstrap_truncated
+        if player.next_step:  # bootstrapped from the reset step's value, after the unroll
+            unroll.truncation_values[:, t] = torch.as_tensor(cut, device=player.device)
+        elif cut.any():
+            final_obs = step.info["final_obs"][cut]
+            unroll.truncation_values[cut, t] = final_values(agent, player, final_obs, cut, step)
+    unroll.memory_size /= unroll.length
+    # The bootstrap value (its state is not kept).
+    _, _, unroll.bootstrap_value, _ = agent.act(
+        player.obs, player.state, player.episode_start, player.previous
+    )
+    if player.next_step:  # a reset step acted on the final observation of the episode before
+        next_values = torch.cat([unroll.values[:, 1:], unroll.bootstrap_value[:, None]], dim=1)
+        unroll.truncation_values.mul_(next_values)
+
+
+def final_values(
+    agent: ActorCritic, player: Player, final_obs: np.ndarray, truncated: np.ndarray, step: Step
+) -> torch.Tensor:
+    """The values of the final observations ``final_obs`` of the episodes ``truncated`` (B,)
+    by a step limit in ``step``, each read with the memory it had before its env reset."""
+    space = player.vec_env.single_observation_space
+    obs = concatenate(space, list(final_obs), create_empty_array(space, len(final_obs)))
+    index = torch.as_tensor(np.flatnonzero(truncated), device=player.device)
+    continuing = torch.zeros(len(index), dtype=torch.bool, device=player.device)
+    chosen = (step.action[index], step.reward[index])
+    state = step.out.state.select(index)
+    # (greedy: no sample is drawn, so the random streams are those of a run without limit)
+    _, _, value, _ = agent.act(to_device(obs, player.device), state, continuing, chosen, True)
+    return value

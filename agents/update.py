@@ -1,0 +1,174 @@
+"""The learner: updates an agent from an unroll by PPO or A2C (`Learner`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch.nn.parallel import DistributedDataParallel
+
+from agents.actor_critic import ActorCritic
+from agents.encoders import map_observation
+from agents.learners import (
+    ALL,
+    LossTerms,
+    PolicyAnchor,
+    actor_critic_loss,
+    behaviour_ratio_error,
+    generalized_advantages,
+    lr_fraction,
+    make_optimizer,
+    masked_mean,
+    minibatches,
+    normalised,
+    policy_kl,
+    ppo_loss,
+)
+from agents.rollout import Unroll
+from training.distributed import DistInfo, all_reduce_mean
+
+LOSS_KEYS = ("policy_loss", "value_loss", "entropy", "aux_loss", "anchor_kl")
+# The largest |pi_learner / pi_acting - 1| of an unroll's first minibatch, before its first
+# update: 0 up to float error when the learner starts from the policy that acted.
+BEHAVIOUR_RATIO_ERROR = "behaviour_ratio_error"
+
+
+def learner_loss(
+    agent_cfg: DictConfig, logits, values, actions, old_log_probs, advantages, returns, mask
+) -> LossTerms:
+    if agent_cfg.name == "ppo":
+        clip = agent_cfg.clip
+        return ppo_loss(logits, values, actions, old_log_probs, advantages, returns, clip, mask)
+    return actor_critic_loss(logits, values, actions, advantages, returns, mask)
+
+
+def select_envs(obs: Any, index: Any) -> Any:
+    """obs[index]: the observations of some environments (a minibatch)."""
+    return map_observation(lambda x: x[index], obs)
+
+
+class Learner:
+    """Updates ``agent`` from unrolls by PPO or A2C (the ``agent.*`` settings, ``cfg``):
+    advantages and value targets by GAE, the learning rate's schedule over ``num_updates``,
+    epochs over minibatches of whole environment sequences in block mode, and the KL anchor to
+    the best policy (`PolicyAnchor`, ``agent.anchor_coef``). Under torchrun the gradients flow
+    through a DistributedDataParallel wrapper, and the ranks stop their epochs together."""
+
+    def __init__(
+        self, agent: ActorCritic, cfg: DictConfig, num_updates: int, dist: DistInfo
+    ) -> None:
+        self.agent, self.cfg, self.num_updates, self.dist = agent, cfg, num_updates, dist
+        self.model = (  # what the gradients flow through: the agent itself in one process
+            DistributedDataParallel(agent, broadcast_buffers=False)
+            if dist.world_size > 1
+            else agent
+        )
+        self.optimizer = make_optimizer(agent, cfg.optimizer, cfg.lr)
+        self.anchor = PolicyAnchor(agent, cfg.anchor_from) if cfg.anchor_coef else None
+
+    @property
+    def anchored(self) -> bool:
+        return self.anchor is not None and self.anchor.active
+
+    def targets(self, unroll: Unroll) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unroll's advantages (PPO: `normalised` over the unroll) and value targets."""
+        advantages, returns = generalized_advantages(
+            unroll.rewards,
+            unroll.values,
+            unroll.dones,
+            unroll.bootstrap_value,
+            self.cfg.gamma,
+            self.cfg.gae_lambda,
+            unroll.truncation_values,
+        )
+        if self.cfg.name == "ppo":
+            advantages = normalised(advantages, returns, self.cfg.advantage_scale, unroll.mask)
+        return advantages, returns
+
+    def update(self, unroll: Unroll, update: int) -> dict[str, float]:
+        """Learns from ``unroll``, the ``update``-th (0-based); returns the means over its
+        minibatches of the losses, the KL of its last epoch (PPO: KL(acting || current
+        policy); 0 for A2C), the epochs run (fewer than agent.epochs when agent.target_kl
+        stopped them) and the behaviour ratio error."""
+        cfg, device = self.cfg, unroll.rewards.device
+        self.agent.train()
+        advantages, returns = self.targets(unroll)
+        mask = unroll.mask
+        previous = unroll.previous()
+        fraction = lr_fraction(cfg.lr_schedule, update, self.num_updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr * fraction
+        if self.anchored:  # the anchor's policy on the whole unroll, once, from its own memory
+            anchor_logits = self.anchor.policy(unroll.obs, unroll.starts, previous)
+        losses = dict.fromkeys(LOSS_KEYS, torch.zeros((), device=device))
+        epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
+        for _ in range(cfg.epochs):
+            epochs_run, epoch_kl = epochs_run + 1, 0.0
+            for index in minibatches(unroll.rewards.shape[0], cfg.minibatches):
+                start = unroll.start_state if index is ALL else unroll.start_state.select(index)
+                logits, values, out = self.model(
+                    select_envs(unroll.obs, index),
+                    start,
+                    unroll.starts[index],
+                    (previous[0][index], previous[1][index]),
+                )
+                actions, old_log_probs = unroll.actions[index], unroll.log_probs[index]
+                minibatch_mask = None if mask is None else mask[index]
+                if minibatches_run == 0:  # before the unroll's first optimiser step
+                    ratio_error = behaviour_ratio_error(
+                        logits, actions, old_log_probs, minibatch_mask
+                    )
+                terms = learner_loss(
+                    cfg,
+                    logits,
+                    values,
+                    actions,
+                    old_log_probs,
+                    advantages[index],
+                    returns[index],
+                    minibatch_mask,
+                )
+                loss = terms.total(cfg.value_coef, cfg.entropy_coef) + out.aux_loss
+                anchor_kl = torch.zeros((), device=device)
+                if self.anchored:
+                    reference = select_envs(anchor_logits, index)
+                    anchor_kl = masked_mean(policy_kl(logits, reference), minibatch_mask)
+                    loss = loss + cfg.anchor_coef * anchor_kl
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if cfg.max_grad_norm:
+                    torch.nn.utils.clip_grad_norm_(self.agent.parameters(), cfg.max_grad_norm)
+                self.optimizer.step()
+                minibatches_run += 1
+                for key, value in zip(
+                    LOSS_KEYS,
+                    (terms.policy, terms.value, terms.entropy, out.aux_loss, anchor_kl),
+                    strict=True,
+                ):
+                    losses[key] = losses[key] + value.detach()  # summed without a sync
+                if terms.approx_kl is not None:
+                    epoch_kl += terms.approx_kl.detach() / cfg.minibatches  # no sync
+            # PPO: stop this unroll's epochs once the policy is target_kl away from the one
+            # that acted (decided on the mean over ranks, so that all ranks stop together).
+            target_kl = cfg.get("target_kl")
+            if target_kl and all_reduce_mean({"kl": float(epoch_kl)}, self.dist)["kl"] > target_kl:
+                break
+        means = {key: float(value) / minibatches_run for key, value in losses.items()}
+        means.update(approx_kl=float(epoch_kl), epochs=epochs_run)
+        means[BEHAVIOUR_RATIO_ERROR] = ratio_error
+        return means
+
+    def state_dict(self) -> dict[str, Any]:
+        """The checkpoint's entries of the learner: the agent, the optimiser, the anchor."""
+        state = {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.anchored:
+            state["anchor"] = self.anchor.model.state_dict()
+        return state
+
+    def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
+        self.agent.load_state_dict(checkpoint["agent"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if self.anchor is not None and "anchor" in checkpoint:
+            self.anchor.model.load_state_dict(checkpoint["anchor"])
+            self.anchor.active = True
