@@ -68,6 +68,7 @@ from training import (
     check_run_dir_argument,
     check_wandb_config,
     checkpoint_file,
+    command_line_overrides,
     eval_writes_nothing,
     exit_on_config_error,
     gather_rank_states,
@@ -75,6 +76,7 @@ from training import (
     progress_bar,
     rank_seed,
     read_metrics,
+    refuse_added_keys,
     restore_rng_state,
     resumed_run,
     save_checkpoint,
@@ -89,12 +91,15 @@ from training import (
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
 VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token
 INTERVAL_KEYS = ("loss_sum", "scored", "aux_loss", "memory_size", "grad_norm", "steps")
+CONFIGS = Path(__file__).parent / "configs"
+OPEN_KEYS = ("memory.options",)  # a memory kind's own options: `+KEY=VALUE` may add to them
 
 log = logging.getLogger(__name__)
 
 
 def check_config(cfg: DictConfig) -> None:
     """Reject impossible settings before any work is done."""
+    refuse_added_keys(command_line_overrides(), cfg, CONFIGS, OPEN_KEYS)
     check_choice("mode", cfg.mode, ("train", "eval"))
     check_choice("task", cfg.task.name, TASKS)
     thread_count(cfg.torch_threads)  # auto, or a positive number
@@ -531,6 +536,6 @@ def main(cfg: DictConfig) -> None:
 
 if __name__ == "__main__":
     sys.argv[1:] = eval_writes_nothing(sys.argv[1:])
-    configs = Path(__file__).parent / "configs"  # checked before Hydra writes anything:
-    exit_on_config_error(check_run_dir_argument)(sys.argv[1:], configs, "lm", check_config)
+    # checked before Hydra writes anything:
+    exit_on_config_error(check_run_dir_argument)(sys.argv[1:], CONFIGS, "lm", check_config)
     main()

@@ -55,6 +55,7 @@ from training import (
     check_wandb_config,
     check_whole,
     check_writable,
+    command_line_overrides,
     describe_preset,
     eval_writes_nothing,
     exit_on_config_error,
@@ -63,6 +64,7 @@ from training import (
     progress_bar,
     rank_seed,
     read_metrics,
+    refuse_added_keys,
     restore_rng_state,
     resumed_run,
     save_checkpoint,
@@ -80,12 +82,16 @@ VECTORIZATIONS = ("auto", "sync", "async")
 LIST_IDS = "python -c 'import gymnasium; gymnasium.pprint_registry()'"
 RECORD_SUFFIXES = (".gif", ".mp4", ".txt")  # eval.record: frames, or an ansi trace
 CONFIGS = Path(__file__).parent / "configs"
+# Mappings whose keys are free, so `+KEY=VALUE` may add to them: a named env's keyword
+# arguments (the env refuses one it does not take), a Gymnasium env's, a memory kind's options.
+OPEN_KEYS = ("env", "env.kwargs", "memory.options")
 
 log = logging.getLogger(__name__)
 
 
 def check_config(cfg: DictConfig) -> None:
     """Reject impossible settings before any work is done."""
+    refuse_added_keys(command_line_overrides(), cfg, CONFIGS, OPEN_KEYS)
     check_choice("mode", cfg.mode, ("train", "eval"))
     check_choice("env", cfg.env.name, NAMED_ENVS)
     env = named_env(cfg.env.name)

@@ -16,7 +16,7 @@ def build_core(memory_cfg: DictConfig) -> torch.nn.Module:
     """The memory core `memory.kind` names: a memory transformer, or a recurrent baseline."""
     fields = OmegaConf.to_container(memory_cfg, resolve=True)
     if fields["kind"] in RECURRENT_KINDS:
-        return RecurrentCore(fields["dim"], fields.get("num_layers", 1), fields["kind"])
+        return RecurrentCore(fields["dim"], fields["num_layers"], fields["kind"])
     return MemoryTransformer(MemoryConfig(**fields))
 
 

@@ -66,7 +66,7 @@ def holding(
 
 def run_label(cfg: Any, keys: Sequence[str] = ()) -> str:
     """The setting of a run: its memory kind, its span for fixed-span memories, and the
-    values of the config ``keys`` (e.g. agent.span_lr_scale)."""
+    values of the config ``keys`` (e.g. memory.attended_span_coef)."""
     kind = cfg.memory.kind
     parts = [KIND_STYLES.get(kind, (kind,))[0]]
     if kind in ("transformer_xl", "compressive", "adaptive_span"):

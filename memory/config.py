@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from hydra.core.config_store import ConfigStore
+
 
 @dataclass
 class MemoryConfig:
@@ -15,7 +17,7 @@ class MemoryConfig:
     alpha = 5e-6, BPTT blocks of 100 steps. Fields that a kind does not use are ignored by it.
     """
 
-    kind: str = "expire_span"  # one of memory.kind_names(): a module of memory/ each
+    kind: str = "expire_span"  # one of memory.kind_names() (a module of memory/ each), gru, lstm
     num_layers: int = 2
     dim: int = 64
     num_heads: int = 4
@@ -108,3 +110,9 @@ class MemoryConfig:
     def num_compressed(self) -> int:
         """How many compressed memories a compressive layer keeps (n_cm in Rae et al. 2020)."""
         return self.max_span if self.compressed_span is None else self.compressed_span
+
+
+# The schema of configs/memory/*.yaml: each file holds its kind and what differs from the
+# defaults above (the recurrent baselines read dim and num_layers); Hydra refuses a misspelt or
+# mistyped field.
+ConfigStore.instance().store(group="memory", name="schema", node=MemoryConfig)

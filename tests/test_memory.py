@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 import torch
@@ -357,13 +358,15 @@ def test_input_errors_say_what_is_wrong():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_hydra_config_files_hold_the_corridor_values(kind):
-    omegaconf = pytest.importorskip("omegaconf")
-    from pathlib import Path
+    """memory=KIND composes the file over its schema, memory.MemoryConfig: the paper's
+    Corridor agent (A.3.1)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
 
-    path = Path(__file__).parents[1] / "configs" / "memory" / f"{kind}.yaml"
-    schema = omegaconf.OmegaConf.structured(MemoryConfig)
-    merged = omegaconf.OmegaConf.merge(schema, omegaconf.OmegaConf.load(path))
-    cfg = MemoryConfig(**omegaconf.OmegaConf.to_container(merged))
+    configs = Path(__file__).parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        composed = compose("rl", overrides=[f"memory={kind}", "preset=paper"]).memory
+    cfg = MemoryConfig(**OmegaConf.to_container(composed))
     assert cfg.kind == kind
     assert (cfg.num_layers, cfg.dim, cfg.max_span, cfg.ramp) == (2, 64, 200, 16)
     assert cfg.aux_loss_coef == 5e-6

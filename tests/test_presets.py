@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from memory import MemoryConfig
 from training.presets import PRESET_ENV_GROUP, describe_preset, file_settings, flattened
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -103,3 +105,18 @@ def test_readme_names_every_way_the_default_differs_from_the_paper_on_the_corrid
         re.findall(r"`([a-z_]+)`", table)
     )
     assert differing <= named, f"not in the README's Methods table: {sorted(differing - named)}"
+
+
+def test_memory_files_hold_only_their_kind_and_what_differs_from_the_schema():
+    """configs/memory/*.yaml extend memory.MemoryConfig (Hydra's schema `memory/schema`):
+    each states its kind and only the fields whose value differs from the default, and a
+    field the schema lacks is refused when the config is composed."""
+    defaults = MemoryConfig()
+    for path in sorted((CONFIGS / "memory").glob("*.yaml")):
+        fields = OmegaConf.to_container(OmegaConf.load(path))
+        assert fields.pop("defaults") == ["schema", "_self_"], path.name
+        assert fields.pop("kind") == path.stem
+        same = {k: v for k, v in fields.items() if getattr(defaults, k) == v}
+        assert not same, f"{path.name} restates defaults: {same}"
+    with pytest.raises(ConfigCompositionException, match="max_spam"):
+        composed("memory.max_spam=9")

@@ -59,6 +59,11 @@ def steps_logged(run_dir):
         ("env.min_length=0", "min_length must be at least 2"),
         ("env.min_length=300", "max_length must be at least 300"),
         ("+env.foo=1", "unexpected keyword argument 'foo'"),
+        (
+            "+agent.lrr=1",
+            "agent has no setting lrr, and nothing reads a key that + adds; did you mean agent.lr?",
+        ),
+        ("+memory.max_spam=9", "did you mean memory.max_span?"),
         ("env=gym agent.anchor_coef=1", "needs an env that reports success"),
         ("env=popgym agent.anchor_coef=1", "needs an env that reports success"),
         ("memory.dropout=0.1", "the learner would not see the policy that acted"),

@@ -47,6 +47,7 @@ from training import (
     progress_bar,
     rank_seed,
     read_metrics,
+    refuse_added_keys,
     resolve_device,
     restore_rng_state,
     resume_checkpoint,
@@ -114,6 +115,24 @@ def test_check_range_open_bounds():
         check_range("gamma", 0, 0, 1, low_open=True)
     with pytest.raises(ConfigError, match=r"must be < 1"):
         check_range("dropout", 1, high=1, high_open=True)
+
+
+def test_a_key_that_plus_adds_is_refused_unless_its_mapping_is_open(tmp_path):
+    """`+KEY=VALUE` for a key the config lacks is a misspelling nothing would read; a config
+    group (`+sweep=...`) and a key under an open mapping (an env's keyword arguments) are
+    not."""
+    (tmp_path / "sweep").mkdir()
+    cfg = OmegaConf.create({"agent": {"lr": 1e-3, "gamma": 0.99}, "env": {"kwargs": {}}})
+    cfg.agent.lrr, cfg.env.kwargs.size = 1, 9  # as Hydra composed them
+    refuse_added_keys(
+        ["+sweep=suite", "+env.kwargs.size=9", "agent.lr=2"], cfg, tmp_path, ["env.kwargs"]
+    )
+    with pytest.raises(
+        ConfigError, match=r"^\+agent.lrr: agent has no setting lrr.*did you mean agent.lr\?$"
+    ):
+        refuse_added_keys(["+agent.lrr=1"], cfg, tmp_path, ["env.kwargs"])
+    with pytest.raises(ConfigError, match="the config has no setting seeed"):
+        refuse_added_keys(["+seeed=1"], OmegaConf.create({"seeed": 1}), tmp_path)
 
 
 def test_exit_on_config_error_prints_one_line_and_exits_2(capsys):

@@ -44,6 +44,7 @@ from training.config import (
     check_whole,
     check_writable,
     exit_on_config_error,
+    refuse_added_keys,
 )
 from training.distributed import (
     DistInfo,
@@ -129,6 +130,7 @@ __all__ = [
     "progress_bar",
     "rank_seed",
     "read_metrics",
+    "refuse_added_keys",
     "resolve_device",
     "restore_rng_state",
     "resume_checkpoint",

@@ -17,6 +17,8 @@ from numbers import Real
 from pathlib import Path
 from typing import Any, TypeVar
 
+from omegaconf import OmegaConf
+
 CONFIG_ERROR_EXIT_CODE = 2
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -46,6 +48,33 @@ def check_choice(name: str, value: Any, choices: Iterable[Any]) -> None:
     if close:
         message += f" (did you mean {close[0]}?)"
     raise ConfigError(message)
+
+
+def refuse_added_keys(
+    overrides: Iterable[str], cfg: Any, config_dir: Path, open_keys: Iterable[str] = ()
+) -> None:
+    """Hydra's `+KEY=VALUE` adds a key the config lacks, which nothing reads: a misspelt
+    setting (`+agent.lrr=1`) would train without it. Refuse it, but for config groups
+    (`+sweep=suite`) and keys under ``open_keys``, mappings whose keys are free (a Gymnasium
+    env's keyword arguments)."""
+    open_keys = tuple(open_keys)
+    for override in overrides:
+        if not override.startswith("+") or override.startswith("++") or "=" not in override:
+            continue
+        key = override[1:].split("=", 1)[0]
+        parent, _, name = key.rpartition(".")
+        if (config_dir / key.replace(".", "/")).is_dir() or key.startswith("hydra."):
+            continue
+        if parent in open_keys:
+            continue
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        known = [str(k) for k in node if k != name] if OmegaConf.is_dict(node) else []
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"did you mean {key[: -len(name)]}{close[0]}?" if close else "check its spelling"
+        raise ConfigError(
+            f"+{key}: {parent or 'the config'} has no setting {name}, and nothing reads a key "
+            f"that + adds; {hint}"
+        )
 
 
 def check_positive(name: str, value: Any) -> None:
