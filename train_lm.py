@@ -87,6 +87,7 @@ from training import (
     thread_count,
     use_host,
 )
+from training.extras import require_launcher
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
 VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token
@@ -537,5 +538,6 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     sys.argv[1:] = eval_writes_nothing(sys.argv[1:])
     # checked before Hydra writes anything:
+    exit_on_config_error(require_launcher)(sys.argv[1:])
     exit_on_config_error(check_run_dir_argument)(sys.argv[1:], CONFIGS, "lm", check_config)
     main()

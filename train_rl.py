@@ -75,6 +75,7 @@ from training import (
     thread_count,
     use_host,
 )
+from training.extras import EXTRAS, require, require_launcher
 
 LEARNERS = ("a2c", "ppo")
 PROGRESS_KEYS = ("return", "success", "rooms_reached", "mmer", "memory_size")
@@ -134,6 +135,8 @@ def check_config(cfg: DictConfig) -> None:
         single = make_env(cfg.env)
         single.close()
     except (gym.error.UnregisteredEnv, ImportError) as error:
+        if isinstance(error, ImportError) and error.name in EXTRAS:
+            require(error.name)
         raise ConfigError(
             f"env.id={cfg.env.id} is not a registered Gymnasium id ({error}); list the ids with "
             f"{LIST_IDS}, or give a module that registers it as env.id=MODULE:ID"
@@ -154,6 +157,8 @@ def check_config(cfg: DictConfig) -> None:
         raise ConfigError(
             f"eval.record={cfg.eval.record}: use a .gif, .mp4 or .txt (ansi trace) file"
         )
+    if cfg.eval.record and Path(cfg.eval.record).suffix.lower() == ".mp4":
+        require("imageio_ffmpeg")
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
     check_choice("memory", cfg.memory.kind, (*kind_names(), *RECURRENT_KINDS))
@@ -392,5 +397,6 @@ def main(cfg: DictConfig) -> None:
 if __name__ == "__main__":
     sys.argv[1:] = eval_writes_nothing(sys.argv[1:])
     # checked before Hydra writes anything:
+    exit_on_config_error(require_launcher)(sys.argv[1:])
     exit_on_config_error(check_run_dir_argument)(sys.argv[1:], CONFIGS, "rl", check_config)
     main()

@@ -60,6 +60,7 @@ from training import (
     start_run,
     thread_count,
 )
+from training.extras import EXTRAS, LAUNCHERS, require, require_launcher
 from training.files import DiskFullError
 from training.run_dir import claim_run_dir, refuse_claimed
 
@@ -747,3 +748,16 @@ def test_tools_refuse_a_damaged_checkpoint_in_one_line(tmp_path, tool):
         f"Config error: {path} does not match its digest: its contents are not what was saved "
         "(a disk or copy error, or not this project's checkpoint)"
     ]
+
+
+def test_an_optional_part_used_without_its_extra_names_the_extra(monkeypatch):
+    monkeypatch.setitem(EXTRAS, "no_such_module", ("video", "an MP4 recording"))
+    monkeypatch.setitem(LAUNCHERS, "nowhere", "no_such_module")
+    with pytest.raises(
+        ConfigError, match=r'^an MP4 recording needs no_such_module, .*"\.\[video\]"'
+    ):
+        require("no_such_module")
+    with pytest.raises(ConfigError, match="no_such_module"):
+        require_launcher(["seed=1", "hydra/launcher=nowhere"])
+    require_launcher(["hydra/launcher=basic"])  # Hydra's own: nothing to install
+    require("popgym")  # installed by scripts/setup.sh
