@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 from agents.actor_critic import ActorCritic
 from agents.episodes import EpisodeStats
 from agents.play import Player
-from analysis.probes import SpanProbe, keep_new_memories, success_by_case, success_by_length
+from agents.probes import SpanProbe, keep_new_memories, success_by_case, success_by_length
 from envs.registry import make_env, make_vector_env, named_env
 from memory import MemoryTransformer
 from training.seeding import eval_seed

@@ -21,8 +21,8 @@ from agents.learners import (
     ppo_loss,
 )
 from agents.module_swap import module_group, module_groups, swapped
+from agents.probes import keep_new_memories, success_by_case, success_by_length
 from agents.recurrent import RecurrentState
-from analysis.probes import keep_new_memories, success_by_case
 from analysis.span_drift import drift_split
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.expire_span import SpanPredictor
@@ -554,3 +554,14 @@ def test_module_swap_groups_cover_the_agent_and_swap_only_their_own_parameters()
             else:
                 assert value is before[name]
     assert set(moved.values()) == {1}
+
+
+def test_success_by_length_has_one_bin_per_length_when_bins_outnumber_lengths():
+    rows = success_by_length([3, 4, 4, 5], [1, 0, 1, 1], low=3, high=5, bins=5)
+    assert [(row["lengths"], row["episodes"], row["success"]) for row in rows] == [
+        ("3-3", 1, 1.0),
+        ("4-4", 2, 0.5),
+        ("5-5", 1, 1.0),
+    ]
+    halves = success_by_length([3, 4, 10], [1, 0, 1], low=3, high=10, bins=2)
+    assert [row["lengths"] for row in halves] == ["3-6", "7-10"]

@@ -26,8 +26,10 @@ from memory import CoreOutput, MemoryState, MemoryTransformer
 def success_by_length(
     lengths: list[float], successes: list[float], low: int, high: int, bins: int
 ) -> list[dict[str, float]]:
-    """Success rate of the episodes in each of ``bins`` equal bins of [low, high]."""
+    """Success rate of the episodes in each of ``bins`` equal bins of [low, high] (one bin per
+    length when there are fewer lengths than bins)."""
     lengths, successes = np.asarray(lengths), np.asarray(successes)
+    bins = min(bins, high - low + 1)
     edges = np.linspace(low, high + 1, bins + 1).round().astype(int)
     rows = []
     for start, stop in zip(edges[:-1], edges[1:], strict=True):
