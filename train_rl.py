@@ -99,14 +99,14 @@ def check_config(cfg: DictConfig) -> None:
     thread_count(cfg.torch_threads)  # auto, or a positive number
     check_choice("agent", cfg.agent.name, LEARNERS)
     check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam", "amsgrad"))
-    check_choice("agent.lr_schedule", cfg.agent.get("lr_schedule", "constant"), LR_SCHEDULES)
+    check_choice("agent.lr_schedule", cfg.agent.lr_schedule, LR_SCHEDULES)
     if cfg.agent.name == "ppo":
         check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)
     for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
         check_positive_int(key, cfg[key])
     check_whole("checkpoint_keep", cfg.checkpoint_keep)
     check_positive("agent.lr", cfg.agent.lr)
-    if cfg.agent.get("anchor_coef", 0):
+    if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
         if "success" not in env.outcomes or env.any_gym_id:
             raise ConfigError(

@@ -64,12 +64,6 @@ class MemoryLayer(nn.Module):
         h = h + self.residual(self.ffn(self.ffn_norm(h)))
         return h, read, new.span
 
-    def _load_from_state_dict(self, state_dict: dict, prefix: str, *args, **kwargs) -> None:
-        earlier = prefix + "memory."  # the kind's parameters, as earlier checkpoints name them
-        for key in [key for key in state_dict if key.startswith(earlier)]:
-            state_dict[prefix + "kind." + key[len(earlier) :]] = state_dict.pop(key)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     def residual(self, branch: Tensor) -> Tensor:
         if self.dropout == 0:
             return branch

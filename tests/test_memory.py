@@ -182,19 +182,6 @@ def _saved(value) -> io.BytesIO:
     return buffer
 
 
-def test_parameters_saved_under_the_earlier_module_name_load():
-    """Checkpoints from before a layer's memory kind was ``kind`` name it ``memory``."""
-    core, other = make_core("expire_span"), make_core("expire_span")
-    with torch.no_grad():
-        core.layers[1].kind.predictor.linear.weight.normal_()
-    earlier = {key.replace(".kind.", ".memory."): value for key, value in core.state_dict().items()}
-    assert "layers.1.memory.predictor.linear.weight" in earlier
-    other.load_state_dict(earlier)
-    assert torch.equal(
-        other.layers[1].kind.predictor.linear.weight, core.layers[1].kind.predictor.linear.weight
-    )
-
-
 def test_a_kind_is_found_by_its_name_and_keeps_options_and_a_state_of_its_own(monkeypatch):
     """What docs/memory-kinds.md promises: a MemoryKind subclass with a ``name`` is a kind
     (a module of this package is imported by the registry; here the class is defined in
