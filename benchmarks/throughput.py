@@ -1,22 +1,30 @@
 """Training throughput of train_rl.py and train_lm.py end to end, optionally against a commit.
 
-    python benchmarks/throughput.py [--reference REV] [--steps 96000] [--kinds expire_span]
+    python benchmarks/throughput.py [--reference REV] [--steps 96000] [--settings ...]
 
 Each setting runs a trainer with its defaults (every core) in a fresh process:
 - ``corridor_3_20``: the RL default command on Corridor 3..20, `env.max_length=20` (PPO, 32
-  environments, the paper's 2-layer, 64-unit agent);
+  environments, the paper's 2-layer, 64-unit agent, Expire-Span);
 - ``corridor_start``: the full Corridor from the start, spans near their initial L/2;
 - ``corridor_steady``: the full Corridor with spans as short as a trained agent keeps
   (`memory.init_span_fraction=0.1`, 20 steps);
+- ``corridor_a2c``: the paper's learner, `preset=paper` (A2C, 64 environments, one RMSProp
+  step per unroll of 6,400 steps);
+- ``corridor_transformer_xl``, ``corridor_gru``, ``corridor_lstm``: the default with another
+  memory (Transformer-XL of span 50);
+- ``popgym_expire_span``, ``popgym_gru``, ``popgym_lstm``: `env=popgym` (RepeatPreviousEasy);
+- ``two_runs``: two ``corridor_start`` runs started together; their mean rate, and its share
+  of ``corridor_start``'s (measured alone in the same invocation, when chosen too);
 - ``lm_copy``: train_lm.py on the copy task (the lm.yaml model: 4 layers, 128 units, blocks
   of 128 tokens, 16 streams), 120 updates.
 With ``--reference REV`` the same settings also run from that commit's code (exported with
 `git archive`), one after the other in this run, so both see the same machine and load.
 
-Prints one JSON object per run, {"setting", "memory", "code", "per_s", "unit", "memory_size"},
-with per_s the mean of the logged rate (environment steps or tokens per second) after the
-first logging interval (start-up excluded); then, with a reference, one {"setting", "memory",
-"ratio"} per pair: the working tree's rate over the reference's.
+Prints one JSON object per run, {"setting", "code", "per_s", "unit", "memory_size"}, with
+per_s the mean of the logged rate (environment steps or tokens per second) after the first
+logging interval (start-up excluded), and for two_runs "share_of_alone"; then, with a
+reference, one {"setting", "ratio"} per setting: the working tree's rate over the
+reference's.
 """
 
 from __future__ import annotations
@@ -39,15 +47,29 @@ class Setting(NamedTuple):
     unit: str  # what the rate counts
     rate_key: str  # the metric the trainer logs it as
     total_steps: int | None = None  # fixed length of the run; None: --steps
+    processes: int = 1  # runs started together, each with the trainer's defaults
 
 
 RL_COMMON = ["log_interval=5", "eval.after_training=false"]
+POPGYM = ["env=popgym", *RL_COMMON]
+
+
+def rl(*overrides: str, processes: int = 1) -> Setting:
+    return Setting("train_rl.py", [*overrides, *RL_COMMON], "steps", "sps", processes=processes)
+
+
 SETTINGS = {
-    "corridor_3_20": Setting("train_rl.py", ["env.max_length=20", *RL_COMMON], "steps", "sps"),
-    "corridor_start": Setting("train_rl.py", RL_COMMON, "steps", "sps"),
-    "corridor_steady": Setting(
-        "train_rl.py", ["memory.init_span_fraction=0.1", *RL_COMMON], "steps", "sps"
-    ),
+    "corridor_3_20": rl("env.max_length=20"),
+    "corridor_start": rl(),
+    "corridor_steady": rl("memory.init_span_fraction=0.1"),
+    "corridor_a2c": rl("preset=paper"),
+    "corridor_transformer_xl": rl("memory=transformer_xl", "memory.max_span=50"),
+    "corridor_gru": rl("memory=gru"),
+    "corridor_lstm": rl("memory=lstm"),
+    "popgym_expire_span": rl("env=popgym"),
+    "popgym_gru": rl("env=popgym", "memory=gru"),
+    "popgym_lstm": rl("env=popgym", "memory=lstm"),
+    "two_runs": rl(processes=2),
     "lm_copy": Setting(
         "train_lm.py",
         ["task=copy", "log_interval=20", "eval_interval=1000"],
@@ -56,39 +78,51 @@ SETTINGS = {
         total_steps=120,
     ),
 }
+ALONE = {"two_runs": "corridor_start"}  # the setting a shared run is compared with
 
 
-def run_trainer(code_dir: Path, script: str, overrides: list[str]) -> list[dict]:
-    """Runs ``code_dir``/``script`` with ``overrides`` in a fresh process and a temporary
-    run directory; returns its metrics lines."""
-    with tempfile.TemporaryDirectory() as run_dir:
-        subprocess.run(
-            [
-                sys.executable,
-                str(code_dir / script),
-                *overrides,
-                "checkpoint_interval=1000",
-                "wandb.mode=disabled",
-                f"hydra.run.dir={run_dir}",
-            ],
-            check=True,
-            capture_output=True,
-            cwd=run_dir,
-        )
-        return [json.loads(line) for line in Path(run_dir, "metrics.jsonl").open()]
+def run_trainers(code_dir: Path, script: str, overrides: list[str], count: int) -> list[list[dict]]:
+    """Runs ``count`` processes of ``code_dir``/``script`` with ``overrides`` at once, each in
+    a temporary run directory; returns each one's metrics lines."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dirs = [Path(tmp, str(i)) for i in range(count)]
+        processes = [
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    str(code_dir / script),
+                    *overrides,
+                    "checkpoint_interval=1000",
+                    "wandb.mode=disabled",
+                    f"hydra.run.dir={run_dir}",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                cwd=tmp,
+            )
+            for run_dir in run_dirs
+        ]
+        for process in processes:
+            _, stderr = process.communicate()
+            if process.returncode:
+                raise RuntimeError(f"{script} {' '.join(overrides)} failed: {stderr.decode()}")
+        return [[json.loads(line) for line in (d / "metrics.jsonl").open()] for d in run_dirs]
 
 
-def measure(code_dir: Path, setting: Setting, kind: str, steps: int) -> dict:
-    """One run of ``setting`` with the code in ``code_dir``: its mean rate after the first
-    logging interval."""
-    overrides = [f"memory={kind}", f"total_steps={setting.total_steps or steps}"]
-    lines = run_trainer(code_dir, setting.script, overrides + setting.overrides)
-    lines = [line for line in lines if setting.rate_key in line]
-    timed = lines[1:] or lines
+def measure(code_dir: Path, setting: Setting, steps: int) -> dict:
+    """One run (or ``setting.processes`` together) of ``setting`` with the code in
+    ``code_dir``: the mean rate after the first logging interval, over the runs."""
+    overrides = [*setting.overrides, f"total_steps={setting.total_steps or steps}"]
+    rates, sizes = [], []
+    for lines in run_trainers(code_dir, setting.script, overrides, setting.processes):
+        lines = [line for line in lines if setting.rate_key in line]
+        timed = lines[1:] or lines
+        rates += [line[setting.rate_key] for line in timed]
+        sizes += [line["memory_size"] for line in timed]
     return {
-        "per_s": round(sum(line[setting.rate_key] for line in timed) / len(timed)),
+        "per_s": round(sum(rates) / len(rates)),
         "unit": setting.unit,
-        "memory_size": round(sum(line["memory_size"] for line in timed) / len(timed), 1),
+        "memory_size": round(sum(sizes) / len(sizes), 1),
     }
 
 
@@ -117,24 +151,25 @@ def code_versions(reference: str | None, into: Path) -> dict[str, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=96000, help="steps per RL run")
-    parser.add_argument("--kinds", nargs="+", default=["expire_span"])
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     parser.add_argument("--reference", help="a commit to measure the same way, e.g. HEAD~3")
     args = parser.parse_args()
+    rates: dict[str, dict[str, int]] = {}  # setting -> code -> rate
     with tempfile.TemporaryDirectory() as reference_dir:
         codes = code_versions(args.reference, Path(reference_dir))
         for setting in args.settings:
-            for kind in args.kinds:
-                rates = {}
-                for code, code_dir in codes.items():
-                    result = measure(code_dir, SETTINGS[setting], kind, args.steps)
-                    rates[code] = result["per_s"]
-                    row = {"setting": setting, "memory": kind, "code": code, **result}
-                    print(json.dumps(row), flush=True)
-                if args.reference:
-                    reference = next(iter(rates))
-                    ratio = round(rates[WORKING_TREE] / rates[reference], 2)
-                    print(json.dumps({"setting": setting, "memory": kind, "ratio": ratio}))
+            rates[setting] = {}
+            for code, code_dir in codes.items():
+                result = measure(code_dir, SETTINGS[setting], args.steps)
+                rates[setting][code] = result["per_s"]
+                alone = rates.get(ALONE.get(setting, ""), {}).get(code)
+                if alone:
+                    result["share_of_alone"] = round(result["per_s"] / alone, 2)
+                print(json.dumps({"setting": setting, "code": code, **result}), flush=True)
+            if args.reference:
+                reference = next(iter(rates[setting]))
+                ratio = rates[setting][WORKING_TREE] / rates[setting][reference]
+                print(json.dumps({"setting": setting, "ratio": round(ratio, 2)}), flush=True)
 
 
 if __name__ == "__main__":

@@ -62,3 +62,20 @@ def test_portal_runs_each_seed_in_its_own_directory_and_sums_up_over_seeds(tmp_p
     assert summary["rooms_reached"] == 3.5 and summary["lowest_rooms_reached"] == 2.0
     assert summary["greedy_return"] == 3.5 and summary["lowest_greedy_return"] == 3.0
     assert summary["memory_size"] == 5.0 and "lowest_memory_size" not in summary
+
+
+def test_throughput_averages_the_runs_started_together_after_their_first_interval(monkeypatch):
+    throughput = load_script("benchmarks/throughput")
+    started = []
+
+    def two_runs(code_dir, script, overrides, count):
+        started.append((script, count, overrides[-1]))
+        return [
+            [{"sps": 50.0, "memory_size": 9.0}, {"sps": 100.0, "memory_size": 4.0}],
+            [{"sps": 10.0, "memory_size": 9.0}, {"sps": 300.0, "memory_size": 6.0}],
+        ]
+
+    monkeypatch.setattr(throughput, "run_trainers", two_runs)
+    result = throughput.measure(ROOT, throughput.SETTINGS["two_runs"], steps=800)
+    assert started == [("train_rl.py", 2, "total_steps=800")]
+    assert result == {"per_s": 200, "unit": "steps", "memory_size": 5.0}
