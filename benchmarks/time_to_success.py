@@ -1,7 +1,7 @@
 """Wall-clock seconds until train_rl.py first logs a success rate at a target, over seeds,
 optionally against a reference commit.
 
-    python benchmarks/time_to_success.py [--target 0.9] [--seeds 0 1 2] [--reference REV]
+    python benchmarks/time_to_success.py [--target 0.9] [--seeds 100 101 102] [--reference REV]
         [--steps 480000] [-- OVERRIDE ...]
 
 Each seed runs `train_rl.py env.max_length=20` (Corridor 3..20, the default learner) unless
@@ -23,7 +23,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from throughput import code_versions, run_trainer
+from throughput import code_versions, run_trainers
 
 
 def time_to_target(lines: list[dict], target: float) -> tuple[int | None, float | None]:
@@ -41,7 +41,7 @@ def time_to_target(lines: list[dict], target: float) -> tuple[int | None, float 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", type=float, default=0.9, help="success rate to reach")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[100, 101, 102])
     parser.add_argument("--steps", type=int, default=480000, help="the most steps per run")
     parser.add_argument("--reference", help="a commit to measure the same way, e.g. HEAD~3")
     parser.add_argument("overrides", nargs="*", help="train_rl.py overrides, after --")
@@ -53,7 +53,8 @@ def main() -> None:
             times = []
             for seed in args.seeds:
                 run = [*overrides, f"seed={seed}", f"total_steps={args.steps}"]
-                lines = run_trainer(code_dir, "train_rl.py", [*run, "eval.after_training=false"])
+                run.append("eval.after_training=false")
+                (lines,) = run_trainers(code_dir, "train_rl.py", run, count=1)
                 steps, seconds = time_to_target(lines, args.target)
                 print(
                     json.dumps({"code": code, "seed": seed, "steps": steps, "seconds": seconds}),
