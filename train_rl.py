@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents import RECURRENT_KINDS, ActorCritic
 from agents.build import build_agent, build_core
+from agents.encoders import NORMALISE
 from agents.episodes import EpisodeStats
 from agents.evaluation import evaluate_agent, record_episode
 from agents.learners import ADVANTAGE_SCALES, LR_SCHEDULES
@@ -129,6 +130,7 @@ def check_config(cfg: DictConfig) -> None:
     check_wandb_config(cfg.wandb)
     if env.any_gym_id:
         check_choice("env.vectorization", cfg.env.vectorization, VECTORIZATIONS)
+        check_choice("env.normalise_observations", cfg.env.normalise_observations, NORMALISE)
         if cfg.env.max_episode_steps is not None:
             check_positive_int("env.max_episode_steps", cfg.env.max_episode_steps)
     try:  # the env checks its id and its own keyword arguments

@@ -9,27 +9,13 @@ import torch.nn.functional as F
 from gymnasium import spaces
 from torch import nn
 
+from agents.distributions import Gaussian, PolicyParams, log_prob_and_entropy, sample
 from agents.encoders import make_encoder
-from agents.learners import Logits, log_prob_and_entropy
 from memory import CoreOutput
 
 # What the agent saw besides the observation: the previous action and the previous reward,
-# (B,) or (B, T) (MultiDiscrete actions: (..., components)), taken as zeros at episode starts.
+# (B,) or (B, T) (MultiDiscrete and Box actions: (..., components)), zeros at episode starts.
 Previous = tuple[torch.Tensor, torch.Tensor]
-
-
-def action_sizes(space: spaces.Space) -> tuple[int, ...]:
-    """The number of choices of each component of a Discrete (one) or MultiDiscrete action
-    space; a ValueError for any other space."""
-    if isinstance(space, spaces.Discrete) and space.start == 0:
-        return (int(space.n),)
-    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1 and not space.start.any():
-        return tuple(int(n) for n in space.nvec)
-    raise ValueError(
-        f"action space {space} is not supported: the agent's policy is categorical, for "
-        "Discrete or one-dimensional MultiDiscrete actions starting at 0 (a Box action space "
-        "needs a continuous policy; discretise it with a wrapper)"
-    )
 
 
 class MultiHead(nn.Module):
@@ -43,16 +29,56 @@ class MultiHead(nn.Module):
         return tuple(head(hidden) for head in self.heads)
 
 
-def sample(logits: Logits, greedy: bool = False) -> torch.Tensor:
-    """An action of each batch element: the most likely (``greedy``) or a sample; one per
-    component for MultiDiscrete logits, stacked on the last dimension."""
-    if isinstance(logits, tuple):
-        return torch.stack([sample(part, greedy) for part in logits], dim=-1)
-    if greedy:
-        return logits.argmax(dim=-1)
-    # Gumbel-max sampling: cheaper than torch.multinomial for small batches.
-    gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp_(min=1e-20)))
-    return (torch.log_softmax(logits, dim=-1) + gumbel).argmax(dim=-1)
+class GaussianHead(nn.Module):
+    """A diagonal Gaussian over Box actions: a Linear gives the mean; the log standard
+    deviation is a parameter per dimension, the same in every state (as in PPO's continuous
+    control), starting at 0 (std 1)."""
+
+    def __init__(self, dim: int, size: int) -> None:
+        super().__init__()
+        self.mean = nn.Linear(dim, size)
+        self.log_std = nn.Parameter(torch.zeros(size))
+
+    def forward(self, hidden: torch.Tensor) -> Gaussian:
+        mean = self.mean(hidden)
+        return Gaussian(mean, self.log_std.expand_as(mean))
+
+
+def action_width(space: spaces.Space) -> int:
+    """How wide the agent sees an action of ``space`` (a one-hot per categorical component, or
+    a Box action's values); a ValueError for a space the agent cannot act in. It acts in
+    Discrete and one-dimensional MultiDiscrete spaces starting at 0 (categorical policies) and
+    one-dimensional Box spaces (a diagonal Gaussian)."""
+    if isinstance(space, spaces.Discrete) and space.start == 0:
+        return int(space.n)
+    if isinstance(space, spaces.MultiDiscrete) and space.nvec.ndim == 1 and not space.start.any():
+        return int(space.nvec.sum())
+    if isinstance(space, spaces.Box) and len(space.shape) == 1:
+        return space.shape[0]
+    if isinstance(space, spaces.Tuple | spaces.Dict):
+        raise ValueError(
+            f"action space {space} is not supported: an action of several parts needs a joint "
+            "policy the agent does not have; wrap the env to act through one Discrete, "
+            "MultiDiscrete or one-dimensional Box space"
+        )
+    raise ValueError(
+        f"action space {space} is not supported: the agent acts in Discrete or "
+        "one-dimensional MultiDiscrete spaces starting at 0 (categorical policies) and "
+        "one-dimensional Box spaces (a Gaussian policy); flatten or wrap it into one of them"
+    )
+
+
+def policy_head(space: spaces.Space, dim: int) -> tuple[nn.Module, list[nn.Linear]]:
+    """The policy head for ``space`` (checked by `action_width`) and its output layers, which
+    start small: a categorical, independent categoricals or a diagonal Gaussian."""
+    if isinstance(space, spaces.Box):
+        head = GaussianHead(dim, space.shape[0])
+        return head, [head.mean]
+    if isinstance(space, spaces.MultiDiscrete):
+        head = MultiHead(dim, tuple(int(n) for n in space.nvec))
+        return head, list(head.heads)
+    head = nn.Linear(dim, int(space.n))
+    return head, [head]
 
 
 class ActorCritic(nn.Module):
@@ -61,12 +87,16 @@ class ActorCritic(nn.Module):
     unroll). `core` is a `memory.MemoryTransformer` or an `agents.RecurrentCore`.
 
     The encoder is chosen from the observation space (`agents.encoders.make_encoder`); on the
-    MazeBase word window it is one linear map of the flattened multi-hot window. Actions are
-    Discrete (one categorical head) or MultiDiscrete (independent categorical heads, one per
+    MazeBase word window it is one linear map of the flattened multi-hot window. Box
+    observations of unknown scale are normalised by running statistics first
+    (``normalise_observations``, "auto": those of unbounded float Boxes). Actions are
+    Discrete (one categorical head), MultiDiscrete (independent categorical heads, one per
     component: the log-probability and the entropy of an action are the sums of its
-    components'). With ``previous_action`` and/or ``previous_reward`` the agent also sees a
-    one-hot of its previous action and the previous reward (zeros at an episode's start),
-    concatenated to the encoded observation and projected back to ``dim``.
+    components') or a one-dimensional Box (a diagonal Gaussian; the env clips the sampled
+    action to its bounds, `agents.play.Player`). With ``previous_action`` and/or
+    ``previous_reward`` the agent also sees its previous action (a one-hot per component, or a
+    Box action's values) and the previous reward (zeros at an episode's start), concatenated
+    to the encoded observation and projected back to ``dim``.
     """
 
     def __init__(
@@ -77,23 +107,19 @@ class ActorCritic(nn.Module):
         dim: int,
         previous_action: bool = False,
         previous_reward: bool = False,
+        normalise_observations: bool | str = "auto",
     ) -> None:
         super().__init__()
-        self.action_sizes = action_sizes(action_space)
-        self.multi_discrete = isinstance(action_space, spaces.MultiDiscrete)
-        self.encoder = make_encoder(obs_space, dim)
+        self.action_space = action_space
+        seen_width = action_width(action_space)
+        self.encoder = make_encoder(obs_space, dim, normalise_observations)
         self.previous_action, self.previous_reward = previous_action, previous_reward
-        self.previous_width = sum(self.action_sizes) * previous_action + previous_reward
+        self.previous_width = seen_width * previous_action + previous_reward
         self.previous = None
         if self.previous_width:
             self.previous = nn.Sequential(nn.Linear(dim + self.previous_width, dim), nn.ReLU())
         self.core = core
-        if self.multi_discrete:
-            self.policy = MultiHead(dim, self.action_sizes)
-            policy_layers = list(self.policy.heads)
-        else:
-            self.policy = nn.Linear(dim, self.action_sizes[0])
-            policy_layers = [self.policy]
+        self.policy, policy_layers = policy_head(action_space, dim)
         self.value = nn.Linear(dim, 1)
         for layer in policy_layers:
             nn.init.orthogonal_(layer.weight, gain=0.01)
@@ -118,14 +144,22 @@ class ActorCritic(nn.Module):
             action, reward = previous
             parts = []
             if self.previous_action:
-                components = action if self.multi_discrete else action[..., None]
-                sizes = enumerate(self.action_sizes)
-                parts += [F.one_hot(components[..., i], size).to(x.dtype) for i, size in sizes]
+                parts += self.seen_action(action, x.dtype)
             if self.previous_reward:
                 parts.append(reward[..., None].to(x.dtype))
             fresh = (~episode_start)[..., None].to(x.dtype)  # nothing came before a start
             seen = torch.cat(parts, dim=-1) * fresh
         return self.previous(torch.cat([x, seen], dim=-1))
+
+    def seen_action(self, action: torch.Tensor, dtype: torch.dtype) -> list[torch.Tensor]:
+        """A previous action as the agent's input: a one-hot per categorical component, or a
+        Box action's values."""
+        space = self.action_space
+        if isinstance(space, spaces.Box):
+            return [action.to(dtype)]
+        if isinstance(space, spaces.Discrete):
+            return [F.one_hot(action, int(space.n)).to(dtype)]
+        return [F.one_hot(action[..., i], int(n)).to(dtype) for i, n in enumerate(space.nvec)]
 
     def forward(
         self,
@@ -133,10 +167,10 @@ class ActorCritic(nn.Module):
         state,
         episode_start: torch.Tensor,
         previous: Previous | None = None,
-    ) -> tuple[Logits, torch.Tensor, CoreOutput]:
-        """Block mode: obs (B, T, *obs_shape), episode_start (B, T) -> logits (B, T, A) (a
-        tuple of them, one per component, for MultiDiscrete actions), values (B, T) and the
-        core's output."""
+    ) -> tuple[PolicyParams, torch.Tensor, CoreOutput]:
+        """Block mode: obs (B, T, *obs_shape), episode_start (B, T) -> the policy (logits
+        (B, T, A); a tuple of them, one per component, for MultiDiscrete actions; a Gaussian
+        for Box actions), values (B, T) and the core's output."""
         x = self.encode(obs, episode_start, previous)
         out = self.core(x, state, episode_start)
         return self.policy(out.hidden), self.value(out.hidden).squeeze(-1), out
@@ -153,7 +187,7 @@ class ActorCritic(nn.Module):
         """Step mode: obs (B, *obs_shape), episode_start (B,) -> action, its log-probability,
         the value estimate and the core's output (whose `state` is the next state)."""
         out = self.core.step(self.encode(obs, episode_start, previous), state, episode_start)
-        logits = self.policy(out.hidden)
-        action = sample(logits, greedy)
-        log_prob, _ = log_prob_and_entropy(logits, action)
+        policy = self.policy(out.hidden)
+        action = sample(policy, greedy)
+        log_prob, _ = log_prob_and_entropy(policy, action)
         return action, log_prob, self.value(out.hidden).squeeze(-1), out

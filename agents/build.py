@@ -30,4 +30,5 @@ def build_agent(cfg: DictConfig, obs_space: gym.Space, action_space: gym.Space) 
         cfg.memory.dim,
         previous_action=cfg.env.get("previous_action", False),
         previous_reward=cfg.env.get("previous_reward", False),
+        normalise_observations=cfg.env.get("normalise_observations", "auto"),
     )

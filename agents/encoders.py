@@ -18,6 +18,7 @@ from gymnasium import spaces
 from torch import nn
 
 IMAGE_MIN_SIZE = 8  # an (H, W, C) uint8 Box with H, W >= 8 and pixel values above 1 is an image
+NORMALISE = ("auto", True, False)  # env.normalise_observations: auto = where a Box is unbounded
 
 
 def map_observation(fn: Callable[..., Any], *observations: Any) -> Any:
@@ -48,17 +49,69 @@ def _flatten_last(x: torch.Tensor, dims: int) -> torch.Tensor:
     return x.reshape(*x.shape[: x.ndim - dims], -1)
 
 
-class FlatEncoder(nn.Sequential):
-    """Box (any dtype and shape) and MultiBinary: flattened, cast to float with its values
-    unchanged, then Linear and ReLU. On a multi-hot word window each (cell, word) pair gets its
-    own embedding, summed over the words present, as in MazeBase models."""
+def unbounded(space: spaces.Space) -> bool:
+    """A float Box with a bound that is not finite: observations of unknown scale."""
+    if not isinstance(space, spaces.Box) or space.dtype.kind != "f":
+        return False
+    return not (np.isfinite(space.low).all() and np.isfinite(space.high).all())
 
-    def __init__(self, shape: tuple[int, ...], dim: int) -> None:
-        super().__init__(nn.Linear(math.prod(shape), dim), nn.ReLU())
+
+class RunningNormaliser(nn.Module):
+    """Features of unknown scale to about zero mean and unit variance: the mean and variance
+    of every observation seen so far (merged batch by batch, Chan et al. 1979), clipped to
+    +-CLIP. The statistics are buffers, saved and restored with the agent; they move only in
+    `update`, between the learner's updates, so acting and learning normalise an unroll
+    alike."""
+
+    CLIP = 10.0
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(size, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(size, dtype=torch.float64))
+        self.register_buffer("count", torch.zeros((), dtype=torch.float64))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scale = (self.var + 1e-8).rsqrt()
+        return ((x - self.mean.to(x.dtype)) * scale.to(x.dtype)).clamp(-self.CLIP, self.CLIP)
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        """Merges the features ``x`` (..., size) into the statistics, summed over the ranks
+        of a torchrun job, so every rank keeps the same."""
+        x = x.reshape(-1, x.shape[-1]).double()
+        moments = torch.cat([x.new_tensor([len(x)]), x.sum(0), x.square().sum(0)])
+        if torch.distributed.is_initialized():
+            torch.distributed.all_reduce(moments)
+        count, total, squares = moments[0], *moments[1:].chunk(2)
+        batch_mean = total / count
+        batch_var = (squares / count - batch_mean.square()).clamp_min(0)
+        merged = self.count + count
+        delta = batch_mean - self.mean
+        spread = self.var * self.count + batch_var * count  # the sums of squared deviations
+        self.var.copy_((spread + delta.square() * self.count * count / merged) / merged)
+        self.mean.add_(delta * count / merged)
+        self.count.copy_(merged)
+
+
+class FlatEncoder(nn.Sequential):
+    """Box (any dtype and shape) and MultiBinary: flattened and cast to float, with
+    ``normalise`` brought to the running statistics of a `RunningNormaliser` (else with its
+    values unchanged), then Linear and ReLU. On a multi-hot word window each (cell, word) pair
+    gets its own embedding, summed over the words present, as in MazeBase models."""
+
+    def __init__(self, shape: tuple[int, ...], dim: int, normalise: bool = False) -> None:
+        size = math.prod(shape)
+        normaliser = [RunningNormaliser(size)] if normalise else []
+        super().__init__(*normaliser, nn.Linear(size, dim), nn.ReLU())
         self.obs_dims = len(shape)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return super().forward(_flatten_last(obs, self.obs_dims).float())
+
+    def update_statistics(self, obs: torch.Tensor) -> None:
+        if isinstance(self[0], RunningNormaliser):
+            self[0].update(_flatten_last(obs, self.obs_dims).float())
 
 
 class ImageEncoder(nn.Module):
@@ -105,13 +158,15 @@ class EmbeddingEncoder(nn.Module):
 class CompositeEncoder(nn.Module):
     """Tuple and Dict: each part's own encoder, concatenated, then a Linear to dim."""
 
-    def __init__(self, space: spaces.Tuple | spaces.Dict, dim: int) -> None:
+    def __init__(
+        self, space: spaces.Tuple | spaces.Dict, dim: int, normalise: bool | str = "auto"
+    ) -> None:
         super().__init__()
         if isinstance(space, spaces.Dict):
-            encoders = {key: make_encoder(part, dim) for key, part in space.items()}
+            encoders = {key: make_encoder(part, dim, normalise) for key, part in space.items()}
             self.parts = nn.ModuleDict(encoders)
         else:
-            self.parts = nn.ModuleList(make_encoder(part, dim) for part in space)
+            self.parts = nn.ModuleList(make_encoder(part, dim, normalise) for part in space)
         self.project = nn.Linear(len(space) * dim, dim)
 
     def forward(self, obs: tuple | dict) -> torch.Tensor:
@@ -121,17 +176,34 @@ class CompositeEncoder(nn.Module):
             encoded = [encoder(part) for encoder, part in zip(self.parts, obs, strict=True)]
         return self.project(torch.cat(encoded, dim=-1))
 
+    def update_statistics(self, obs: tuple | dict) -> None:
+        if isinstance(self.parts, nn.ModuleDict):
+            for key, encoder in self.parts.items():
+                update_statistics(encoder, obs[key])
+        else:
+            for encoder, part in zip(self.parts, obs, strict=True):
+                update_statistics(encoder, part)
 
-def make_encoder(space: spaces.Space, dim: int) -> nn.Module:
-    """The encoder of observations from ``space``, to vectors of size ``dim``."""
+
+def update_statistics(encoder: nn.Module, obs: Any) -> None:
+    """Moves the running statistics of ``encoder``'s normalisers (if any) by ``obs``."""
+    if isinstance(encoder, FlatEncoder | CompositeEncoder):
+        encoder.update_statistics(obs)
+
+
+def make_encoder(space: spaces.Space, dim: int, normalise: bool | str = "auto") -> nn.Module:
+    """The encoder of observations from ``space``, to vectors of size ``dim``. ``normalise``:
+    whether Box observations (not images) go through running statistics first; "auto": those
+    of unbounded float Boxes (`unbounded`)."""
     if is_image(space):
         return ImageEncoder(space.shape, dim)
     if isinstance(space, spaces.Box | spaces.MultiBinary):
-        return FlatEncoder(space.shape, dim)
+        on = unbounded(space) if normalise == "auto" else bool(normalise)
+        return FlatEncoder(space.shape, dim, on and isinstance(space, spaces.Box))
     if isinstance(space, spaces.Discrete | spaces.MultiDiscrete):
         return EmbeddingEncoder(space, dim)
     if isinstance(space, spaces.Tuple | spaces.Dict):
-        return CompositeEncoder(space, dim)
+        return CompositeEncoder(space, dim, normalise)
     raise ValueError(
         f"no encoder for observation space {space}: use Box, MultiBinary, Discrete, "
         "MultiDiscrete, or a Tuple or Dict of them (e.g. wrap the env to drop other parts)"

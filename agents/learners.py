@@ -9,7 +9,8 @@ import copy
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
+
+from agents.distributions import PolicyParams, log_prob_and_entropy
 
 
 def generalized_advantages(
@@ -41,24 +42,6 @@ def generalized_advantages(
     return advantages, advantages + values
 
 
-# A policy's logits: (..., A) for Discrete actions, one such tensor per component for
-# MultiDiscrete actions.
-Logits = torch.Tensor | tuple[torch.Tensor, ...]
-
-
-def log_prob_and_entropy(
-    logits: Logits, actions: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The log-probability of ``actions`` and the policy's entropy. The components of a
-    MultiDiscrete action (``actions`` (..., components)) are independent: both add up."""
-    if isinstance(logits, tuple):
-        parts = [log_prob_and_entropy(part, actions[..., i]) for i, part in enumerate(logits)]
-        return sum(taken for taken, _ in parts), sum(entropy for _, entropy in parts)
-    log_probs = F.log_softmax(logits, dim=-1)
-    taken = log_probs.gather(-1, actions[..., None]).squeeze(-1)
-    return taken, -(log_probs.exp() * log_probs).sum(-1)
-
-
 def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """The mean of ``x`` over the entries where ``mask`` (bool, x's shape) is True; all of
     them for None."""
@@ -68,26 +51,17 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
 
 
 def behaviour_ratio_error(
-    logits: Logits, actions: torch.Tensor, behaviour_log_probs: torch.Tensor, mask
+    policy: PolicyParams, actions: torch.Tensor, behaviour_log_probs: torch.Tensor, mask
 ) -> float:
     """max |pi(a|s) / pi_behaviour(a|s) - 1| over the samples (``mask``: those whose action was
-    taken), for the policy of ``logits``: 0 up to float error when it is the policy that
+    taken), for ``policy``: 0 up to float error when it is the policy that
     acted, as it must be before an unroll's first update."""
     with torch.no_grad():
-        taken, _ = log_prob_and_entropy(logits, actions)
+        taken, _ = log_prob_and_entropy(policy, actions)
         error = (taken - behaviour_log_probs).exp().sub(1).abs()
         if mask is not None:
             error = error[mask]
         return float(error.max()) if error.numel() else 0.0
-
-
-def policy_kl(logits: Logits, reference: Logits) -> torch.Tensor:
-    """KL(pi || reference) at each state, between the policies of two sets of logits; summed
-    over the components of MultiDiscrete actions."""
-    if isinstance(logits, tuple):
-        return sum(policy_kl(part, ref) for part, ref in zip(logits, reference, strict=True))
-    log_p, log_q = F.log_softmax(logits, dim=-1), F.log_softmax(reference, dim=-1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
 class PolicyAnchor:
@@ -119,12 +93,12 @@ class PolicyAnchor:
             self.active = True
 
     @torch.no_grad()
-    def policy(self, obs, episode_start: torch.Tensor, previous) -> Logits:
-        """The anchor's logits over an unroll (block mode, from its own memory, which it
+    def policy(self, obs, episode_start: torch.Tensor, previous) -> PolicyParams:
+        """The anchor's policy over an unroll (block mode, from its own memory, which it
         carries on to the next unroll)."""
-        logits, _, out = self.model(obs, self.state, episode_start, previous)
+        policy, _, out = self.model(obs, self.state, episode_start, previous)
         self.state = out.state
-        return logits
+        return policy
 
 
 @dataclass
@@ -139,7 +113,7 @@ class LossTerms:
 
 
 def actor_critic_loss(
-    logits: Logits,
+    policy: PolicyParams,
     values: torch.Tensor,
     actions: torch.Tensor,
     advantages: torch.Tensor,
@@ -148,7 +122,7 @@ def actor_critic_loss(
 ) -> LossTerms:
     """Advantage actor-critic: -log pi(a|s) A, squared value error, entropy bonus; means over
     the samples of ``mask`` (None: all)."""
-    taken, entropy = log_prob_and_entropy(logits, actions)
+    taken, entropy = log_prob_and_entropy(policy, actions)
     return LossTerms(
         policy=-masked_mean(taken * advantages, mask),
         value=0.5 * masked_mean((returns - values).pow(2), mask),
@@ -191,7 +165,7 @@ def normalised(
 
 
 def ppo_loss(
-    logits: Logits,
+    policy: PolicyParams,
     values: torch.Tensor,
     actions: torch.Tensor,
     old_log_probs: torch.Tensor,
@@ -202,7 +176,7 @@ def ppo_loss(
 ) -> LossTerms:
     """PPO's clipped surrogate (Schulman et al. 2017); train_rl.py passes advantages
     ``normalised`` over the unroll. Means over the samples of ``mask`` (None: all)."""
-    taken, entropy = log_prob_and_entropy(logits, actions)
+    taken, entropy = log_prob_and_entropy(policy, actions)
     log_ratio = taken - old_log_probs
     ratio = log_ratio.exp()
     surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)

@@ -91,7 +91,7 @@ class Player:
         action, log_prob, value, out = agent.act(
             self.obs, self.state, self.episode_start, self.previous, greedy
         )
-        next_obs, reward, terminated, truncated, info = self.vec_env.step(action.cpu().numpy())
+        next_obs, reward, terminated, truncated, info = self.vec_env.step(self.env_action(action))
         ended = terminated | truncated
         counted = ~self.resetting
         self.stats.record(reward, ended, episode_info(info, self.next_step), counted, kept)
@@ -117,6 +117,15 @@ class Player:
             self.resetting = ended
         self.episode_start = torch.as_tensor(starting, device=self.device)
         return step
+
+    def env_action(self, action: torch.Tensor) -> np.ndarray:
+        """The action as the envs take it: a Box action clipped to the space's bounds (the
+        agent keeps the sampled one, whose log-probability the learner uses)."""
+        action = action.cpu().numpy()
+        space = self.vec_env.single_action_space
+        if isinstance(space, gym.spaces.Box):
+            return np.clip(action, space.low, space.high)
+        return action
 
     def state_dict(self) -> dict[str, Any]:
         """What the next step continues from, as tensors and plain values (to resume within an

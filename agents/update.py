@@ -9,7 +9,8 @@ from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
 from agents.actor_critic import ActorCritic
-from agents.encoders import map_observation
+from agents.distributions import policy_kl
+from agents.encoders import map_observation, update_statistics
 from agents.learners import (
     ALL,
     LossTerms,
@@ -22,7 +23,6 @@ from agents.learners import (
     masked_mean,
     minibatches,
     normalised,
-    policy_kl,
     ppo_loss,
 )
 from agents.rollout import Unroll
@@ -35,12 +35,12 @@ BEHAVIOUR_RATIO_ERROR = "behaviour_ratio_error"
 
 
 def learner_loss(
-    agent_cfg: DictConfig, logits, values, actions, old_log_probs, advantages, returns, mask
+    agent_cfg: DictConfig, policy, values, actions, old_log_probs, advantages, returns, mask
 ) -> LossTerms:
     if agent_cfg.name == "ppo":
         clip = agent_cfg.clip
-        return ppo_loss(logits, values, actions, old_log_probs, advantages, returns, clip, mask)
-    return actor_critic_loss(logits, values, actions, advantages, returns, mask)
+        return ppo_loss(policy, values, actions, old_log_probs, advantages, returns, clip, mask)
+    return actor_critic_loss(policy, values, actions, advantages, returns, mask)
 
 
 def select_envs(obs: Any, index: Any) -> Any:
@@ -100,14 +100,14 @@ class Learner:
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr * fraction
         if self.anchored:  # the anchor's policy on the whole unroll, once, from its own memory
-            anchor_logits = self.anchor.policy(unroll.obs, unroll.starts, previous)
+            anchor_policy = self.anchor.policy(unroll.obs, unroll.starts, previous)
         losses = dict.fromkeys(LOSS_KEYS, torch.zeros((), device=device))
         epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
         for _ in range(cfg.epochs):
             epochs_run, epoch_kl = epochs_run + 1, 0.0
             for index in minibatches(unroll.rewards.shape[0], cfg.minibatches):
                 start = unroll.start_state if index is ALL else unroll.start_state.select(index)
-                logits, values, out = self.model(
+                policy, values, out = self.model(
                     select_envs(unroll.obs, index),
                     start,
                     unroll.starts[index],
@@ -117,11 +117,11 @@ class Learner:
                 minibatch_mask = None if mask is None else mask[index]
                 if minibatches_run == 0:  # before the unroll's first optimiser step
                     ratio_error = behaviour_ratio_error(
-                        logits, actions, old_log_probs, minibatch_mask
+                        policy, actions, old_log_probs, minibatch_mask
                     )
                 terms = learner_loss(
                     cfg,
-                    logits,
+                    policy,
                     values,
                     actions,
                     old_log_probs,
@@ -132,8 +132,8 @@ class Learner:
                 loss = terms.total(cfg.value_coef, cfg.entropy_coef) + out.aux_loss
                 anchor_kl = torch.zeros((), device=device)
                 if self.anchored:
-                    reference = select_envs(anchor_logits, index)
-                    anchor_kl = masked_mean(policy_kl(logits, reference), minibatch_mask)
+                    reference = select_envs(anchor_policy, index)
+                    anchor_kl = masked_mean(policy_kl(policy, reference), minibatch_mask)
                     loss = loss + cfg.anchor_coef * anchor_kl
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
@@ -154,6 +154,9 @@ class Learner:
             target_kl = cfg.get("target_kl")
             if target_kl and all_reduce_mean({"kl": float(epoch_kl)}, self.dist)["kl"] > target_kl:
                 break
+        # The observation statistics move after the update, so each unroll is normalised alike
+        # by acting and learning.
+        update_statistics(self.agent.encoder, unroll.obs)
         means = {key: float(value) / minibatches_run for key, value in losses.items()}
         means.update(approx_kl=float(epoch_kl), epochs=epochs_run)
         means[BEHAVIOUR_RATIO_ERROR] = ratio_error

@@ -21,6 +21,7 @@ ACTIONS = {
     "discrete": spaces.Discrete(3),
     "multi_discrete": spaces.MultiDiscrete([2, 3]),
     "box": spaces.Box(-1.0, 1.0, (1,), np.float32),
+    "tuple": spaces.Tuple((spaces.Discrete(2), spaces.Box(-1.0, 1.0, (1,), np.float32))),
 }
 
 
@@ -90,3 +91,76 @@ gym.register(
     vector_entry_point=constant_reward_vector_env,
     max_episode_steps=4,
 )
+
+
+class TargetVectorEnv(gym.vector.VectorEnv):
+    """Continuous control in its smallest form: each episode of ``length`` steps draws a
+    target in {-0.5, 0.5} and shows it, times 100, in an unbounded observation (beside the
+    step count times 50: features of unknown scale); every step pays -(action - target)^2 for
+    a Box(-1, 1) action. Batched, resetting in the step that ends an episode, with a
+    state_dict, so a run on it resumes exactly."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs: int, length: int = 5):
+        self.num_envs, self.length = num_envs, length
+        self.single_observation_space = spaces.Box(-np.inf, np.inf, (2,), np.float32)
+        self.single_action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.observation_space = gym.vector.utils.batch_space(
+            self.single_observation_space, num_envs
+        )
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.rng = np.random.default_rng()
+        self.t = np.zeros(num_envs, np.int64)
+        self.target = np.zeros(num_envs, np.float32)
+
+    def _observe(self):
+        return np.stack([self.target * 100, self.t * 50.0], axis=1).astype(np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        self.rng = np.random.default_rng(seed)
+        self.t[:] = 0
+        self.target = self.rng.choice([-0.5, 0.5], self.num_envs).astype(np.float32)
+        return self._observe(), {}
+
+    def step(self, actions):
+        reward = -((np.asarray(actions)[:, 0] - self.target) ** 2)
+        self.t += 1
+        ended = self.t == self.length
+        info = {}
+        if ended.any():
+            info = {"final_obs": self._observe(), "_final_obs": ended.copy()}
+            self.t[ended] = 0
+            self.target[ended] = self.rng.choice([-0.5, 0.5], int(ended.sum()))
+        return self._observe(), reward.astype(np.float64), ended, np.zeros_like(ended), info
+
+    def state_dict(self):
+        return {
+            "t": self.t.copy(),
+            "target": self.target.copy(),
+            "rng": self.rng.bit_generator.state,
+        }
+
+    def load_state_dict(self, saved):
+        self.t, self.target = saved["t"].copy(), saved["target"].copy()
+        self.rng.bit_generator.state = saved["rng"]
+
+
+class TargetEnv(gym.Env):
+    """One environment of `TargetVectorEnv`."""
+
+    def __init__(self, length: int = 5):
+        self.batch = TargetVectorEnv(1, length)
+        self.observation_space = self.batch.single_observation_space
+        self.action_space = self.batch.single_action_space
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = self.batch.reset(seed=seed)
+        return obs[0], info
+
+    def step(self, action):
+        obs, reward, terminated, truncated, _ = self.batch.step(np.asarray(action)[None])
+        return obs[0], float(reward[0]), bool(terminated[0]), bool(truncated[0]), {}
+
+
+gym.register(id="Target-v0", entry_point=TargetEnv, vector_entry_point=TargetVectorEnv)

@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from torch.distributions import Categorical, kl_divergence
 
 from agents import RECURRENT_KINDS, ActorCritic, RecurrentCore
+from agents.distributions import policy_kl
 from agents.learners import (
     PolicyAnchor,
     actor_critic_loss,
@@ -17,7 +18,6 @@ from agents.learners import (
     make_optimizer,
     minibatches,
     normalised,
-    policy_kl,
     ppo_loss,
 )
 from agents.module_swap import module_group, module_groups, swapped

@@ -49,6 +49,8 @@ def compose_rl(overrides):
         ("box_float", "discrete", []),
         ("image", "multi_discrete", ["env.previous_action=true", "env.previous_reward=true"]),
         ("discrete", "discrete", ["memory=gru", "memory.dim=16"]),
+        ("box_float", "box", ["env.previous_action=true"]),
+        ("box_float", "box", ["agent=a2c"]),
         ("multi_discrete", "multi_discrete", ["memory=lstm", "memory.dim=16"]),
         ("tuple", "discrete", ["env.vectorization=async", "env.max_episode_steps=3"]),
     ],  # (a Dict observation: test_a_gym_run_resumes_and_evaluates)
@@ -107,14 +109,6 @@ def test_float_observations_reach_the_encoder_unchanged(tmp_path, monkeypatch):
     for obs in (acting, learning):
         assert obs.dtype == torch.float32
         assert (obs[..., 0, 0] == np.float32(FLOAT_VALUE)).all()
-
-
-def test_a_box_action_space_is_a_one_line_config_error():
-    train_rl = load_script("train_rl")
-    cfg = compose_rl([*FAKE, "+env.kwargs.action=box"])
-    with pytest.raises(ConfigError, match="Box") as error:
-        train_rl.check_config(cfg)
-    assert "env.id=fake_envs:FakeSpaces-v0" in str(error.value) and "\n" not in str(error.value)
 
 
 @pytest.mark.parametrize("env_id", ["NoSuchEnv-v0", "no_such_module:NoSuchEnv-v0"])

@@ -1,0 +1,81 @@
+"""The policy's distributions over actions, by action space: a categorical over Discrete
+actions (its logits, (..., A)), independent categoricals over MultiDiscrete components (a
+tuple of logits, one per component), and a diagonal Gaussian over Box actions (`Gaussian`).
+Sampling, log-probabilities, entropies and KL divergences for each."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+@dataclass
+class Gaussian:
+    """A diagonal Gaussian: mean (..., A) and log standard deviation (..., A)."""
+
+    mean: torch.Tensor
+    log_std: torch.Tensor
+
+    def __getitem__(self, index: Any) -> Gaussian:
+        """The distributions of the batch elements ``index`` (e.g. a minibatch)."""
+        return Gaussian(self.mean[index], self.log_std[index])
+
+
+# What a policy head outputs: logits (Discrete), one logits tensor per component
+# (MultiDiscrete) or a Gaussian (Box).
+PolicyParams = torch.Tensor | tuple[torch.Tensor, ...] | Gaussian
+
+
+def sample(policy: PolicyParams, greedy: bool = False) -> torch.Tensor:
+    """An action of each batch element: the most likely (``greedy``: a Gaussian's mean) or a
+    sample; one per component for MultiDiscrete, stacked on the last dimension."""
+    if isinstance(policy, Gaussian):
+        if greedy:
+            return policy.mean
+        return policy.mean + policy.log_std.exp() * torch.randn_like(policy.mean)
+    if isinstance(policy, tuple):
+        return torch.stack([sample(part, greedy) for part in policy], dim=-1)
+    if greedy:
+        return policy.argmax(dim=-1)
+    # Gumbel-max sampling: cheaper than torch.multinomial for small batches.
+    gumbel = -torch.log(-torch.log(torch.rand_like(policy).clamp_(min=1e-20)))
+    return (torch.log_softmax(policy, dim=-1) + gumbel).argmax(dim=-1)
+
+
+def log_prob_and_entropy(
+    policy: PolicyParams, actions: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The log-probability (density, for Box) of ``actions`` and the policy's entropy. The
+    components of a MultiDiscrete action (``actions`` (..., components)) and the dimensions
+    of a Box action are independent: both add up over them."""
+    if isinstance(policy, Gaussian):
+        z = (actions - policy.mean) * torch.exp(-policy.log_std)
+        log_prob = (-0.5 * z.square() - policy.log_std - LOG_SQRT_2PI).sum(-1)
+        entropy = (0.5 + LOG_SQRT_2PI + policy.log_std).sum(-1)
+        return log_prob, entropy.expand_as(log_prob)
+    if isinstance(policy, tuple):
+        parts = [log_prob_and_entropy(part, actions[..., i]) for i, part in enumerate(policy)]
+        return sum(taken for taken, _ in parts), sum(entropy for _, entropy in parts)
+    log_probs = F.log_softmax(policy, dim=-1)
+    taken = log_probs.gather(-1, actions[..., None]).squeeze(-1)
+    return taken, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def policy_kl(policy: PolicyParams, reference: PolicyParams) -> torch.Tensor:
+    """KL(policy || reference) at each state; summed over the components of MultiDiscrete
+    actions and the dimensions of Box actions."""
+    if isinstance(policy, Gaussian):
+        log_ratio = reference.log_std - policy.log_std
+        spread = (policy.log_std - reference.log_std).mul(2).exp()  # sigma_p^2 / sigma_q^2
+        shift = ((policy.mean - reference.mean) * torch.exp(-reference.log_std)).square()
+        return (log_ratio + 0.5 * (spread + shift) - 0.5).sum(-1)
+    if isinstance(policy, tuple):
+        return sum(policy_kl(part, ref) for part, ref in zip(policy, reference, strict=True))
+    log_p, log_q = F.log_softmax(policy, dim=-1), F.log_softmax(reference, dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
