@@ -1,9 +1,13 @@
-"""benchmarks/throughput.py, time_to_success.py, portal.py: the numbers they derive from runs."""
+"""benchmarks/throughput.py, time_to_success.py, portal.py, unroll_time.py: the numbers they
+derive from runs."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+from tiny_rl import TINY_RL
 
 from scripts import ROOT, load_script
 
@@ -79,3 +83,25 @@ def test_throughput_averages_the_runs_started_together_after_their_first_interva
     result = throughput.measure(ROOT, throughput.SETTINGS["two_runs"], steps=800)
     assert started == [("train_rl.py", 2, "total_steps=800")]
     assert result == {"per_s": 200, "unit": "steps", "memory_size": 5.0}
+
+
+def test_unroll_time_splits_an_update_and_counts_acting_flops():
+    """A tiny Corridor run: the parts are positive and acting's FLOPs are those of its
+    matrix products (2 layers of a 16-unit core with ffn 32 read 4 environments' steps)."""
+    overrides = [*TINY_RL, "eval.after_training=false"]
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/unroll_time.py"), "--updates", "2", "--warmup", "1"]
+        + ["--threads", "1", *overrides],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    timing = json.loads(result.stdout)
+    parts = timing["ms_per_update"]
+    assert parts["acting"] > 0 and parts["learner"] > 0 and min(parts.values()) >= 0
+    # per env-step: q, k, v and output projections (4 x 16 x 16), the FFN (2 x 16 x 32), x 2
+    # layers, at least: 2 FLOPs per multiply-add
+    assert timing["acting_mflops_per_step"] * 1e6 >= 4 * 2 * 2 * (4 * 16 * 16 + 2 * 16 * 32)
+    assert timing["acting_floor_ms"] > 0 and timing["steps_per_s"] > 0

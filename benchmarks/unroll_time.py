@@ -1,0 +1,134 @@
+"""Where an update's time goes for a train_rl.py config: the agent acting in step mode, the
+environments stepping, the rest of collecting the unroll, and the learner; and how close acting
+is to what its arithmetic needs.
+
+    python benchmarks/unroll_time.py [--updates 30] [--threads auto] [OVERRIDE ...]
+    python benchmarks/unroll_time.py preset=paper           # the paper's A2C, 64 environments
+
+Builds the run's envs, agent, learner and player as train_rl.py does and times `--updates`
+updates after `--warmup` more (memory sizes settle). Prints one JSON object: the steps per
+second, the milliseconds per update of each part, and for acting its matrix FLOPs per step
+(counted by torch.utils.flop_counter on one step), the CPU's matrix-product rate (a large
+float32 product, GFLOP/s) and `acting_floor_ms`, the time those FLOPs take at that rate: the
+least acting could take on this CPU if nothing but its arithmetic cost time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from hydra import compose, initialize_config_dir
+from torch.utils.flop_counter import FlopCounterMode
+
+from agents.build import build_agent
+from agents.episodes import EpisodeStats
+from agents.play import Player
+from agents.rollout import Unroll, collect_unroll
+from agents.update import Learner
+from envs.registry import make_vector_env, named_env
+from training import SpanStats, seed_everything, use_host
+from training.distributed import DistInfo
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+class Timer:
+    """Seconds spent in the calls of the functions it wraps."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def wrap(self, function):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+
+        return timed
+
+
+def matrix_rate(size: int = 1024, repeats: int = 10) -> float:
+    """GFLOP/s of a float32 (size x size) product on this CPU, with torch's threads."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    torch.mm(a, b)
+    start = time.perf_counter()
+    for _ in range(repeats):
+        torch.mm(a, b)
+    return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--updates", type=int, default=30, help="updates timed")
+    parser.add_argument("--warmup", type=int, default=10, help="updates before timing")
+    parser.add_argument("--threads", default="auto", help="torch_threads")
+    parser.add_argument("overrides", nargs="*", help="train_rl.py overrides, e.g. preset=paper")
+    args = parser.parse_args()
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose("rl", overrides=args.overrides)
+    threads = use_host(args.threads if args.threads == "auto" else int(args.threads))
+    seed_everything(cfg.seed)
+    vec_env = make_vector_env(cfg.env, cfg.num_envs)
+    agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
+    updates = args.warmup + args.updates
+    dist = DistInfo()  # one process on the CPU
+    learner = Learner(agent, cfg.agent, updates, dist)
+    player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
+    player.reset(seed=cfg.seed)
+    unroll = Unroll(player, cfg.unroll_len)
+    bootstrap_truncated = not named_env(cfg.env.name).step_limit_ends_episode
+
+    acting, stepping, learning, collecting = Timer(), Timer(), Timer(), Timer()
+    agent.act = acting.wrap(agent.act)
+    vec_env.step = stepping.wrap(vec_env.step)
+    collect = collecting.wrap(collect_unroll)
+    update = learning.wrap(learner.update)
+    for index in range(updates):
+        if index == args.warmup:
+            for timer in (acting, stepping, learning, collecting):
+                timer.seconds = 0.0
+            memory_sizes, start = [], time.perf_counter()
+        collect(agent, player, unroll, SpanStats(), bootstrap_truncated)
+        update(unroll, index)
+        if index >= args.warmup:
+            memory_sizes.append(unroll.memory_size)
+    elapsed = time.perf_counter() - start
+
+    agent.eval()
+    with FlopCounterMode(display=False) as counter:
+        agent.act(player.obs, player.state, player.episode_start, player.previous)
+    flops = counter.get_total_flops()
+    rate = matrix_rate()
+    steps_per_update = cfg.num_envs * cfg.unroll_len
+    per_update = {
+        name: round(timer.seconds / args.updates * 1000, 1)
+        for name, timer in (("acting", acting), ("envs", stepping), ("learner", learning))
+    }
+    rest = collecting.seconds - acting.seconds - stepping.seconds
+    per_update["other_collecting"] = round(rest / args.updates * 1000, 1)
+    floor_ms = flops * cfg.unroll_len / (rate * 1e9) * 1000
+    result = {
+        "overrides": args.overrides,
+        "threads": threads,
+        "num_envs": cfg.num_envs,
+        "steps_per_s": round(args.updates * steps_per_update / elapsed),
+        "ms_per_update": per_update,
+        "memory_size": round(sum(memory_sizes) / len(memory_sizes), 1),
+        "acting_mflops_per_step": round(flops / 1e6, 2),
+        "matrix_gflops": round(rate, 1),
+        "acting_floor_ms": round(floor_ms, 2),
+        "acting_over_floor": round(per_update["acting"] / max(floor_ms, math.ulp(1.0)), 1),
+    }
+    vec_env.close()
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
