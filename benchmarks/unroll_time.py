@@ -86,7 +86,8 @@ def main() -> None:
     bootstrap_truncated = not named_env(cfg.env.name).step_limit_ends_episode
 
     acting, stepping, learning, collecting = Timer(), Timer(), Timer(), Timer()
-    agent.act = acting.wrap(agent.act)
+    act = agent.act
+    agent.act = acting.wrap(act)
     vec_env.step = stepping.wrap(vec_env.step)
     collect = collecting.wrap(collect_unroll)
     update = learning.wrap(learner.update)
@@ -103,7 +104,7 @@ def main() -> None:
 
     agent.eval()
     with FlopCounterMode(display=False) as counter:
-        agent.act(player.obs, player.state, player.episode_start, player.previous)
+        act(player.obs, player.state, player.episode_start, player.previous)
     flops = counter.get_total_flops()
     rate = matrix_rate()
     steps_per_update = cfg.num_envs * cfg.unroll_len
