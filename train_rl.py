@@ -10,6 +10,14 @@ instead. Under `torchrun` every rank steps its own environments and gradients ar
 
 from __future__ import annotations
 
+import os
+
+# OpenMP threads waiting for work spin only briefly before they sleep (GNU libgomp's default is
+# 300,000 spins): with two runs on the cores, a spinning thread burns the time slice that its
+# partner thread needs, and each of two default runs fell to a quarter of its speed alone;
+# with 1,000 spins each keeps about half (docs/performance.md). Set before torch loads OpenMP.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 import gc
 import json
 import logging

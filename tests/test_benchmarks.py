@@ -1,6 +1,7 @@
 """benchmarks/throughput.py, time_to_success.py, portal.py, unroll_time.py: the numbers they
 derive from runs."""
 
+import ast
 import json
 import subprocess
 import sys
@@ -105,3 +106,20 @@ def test_unroll_time_splits_an_update_and_counts_acting_flops():
     # layers, at least: 2 FLOPs per multiply-add
     assert timing["acting_mflops_per_step"] * 1e6 >= 4 * 2 * 2 * (4 * 16 * 16 + 2 * 16 * 32)
     assert timing["acting_floor_ms"] > 0 and timing["steps_per_s"] > 0
+
+
+@pytest.mark.parametrize("script", ["train_rl.py", "train_lm.py"])
+def test_the_trainers_shorten_openmp_spinning_before_torch_loads(script):
+    """GOMP_SPINCOUNT is read once, when torch loads OpenMP: the entry scripts set their
+    default before any import but `os` (a user's own value wins: setdefault)."""
+    tree = ast.parse((ROOT / script).read_text())
+    statements = [ast.unparse(node) for node in tree.body]
+    setting = next(i for i, text in enumerate(statements) if "GOMP_SPINCOUNT" in text)
+    before = ("import os", "from __future__ import annotations")
+    imports = [
+        i
+        for i, node in enumerate(tree.body)
+        if isinstance(node, ast.Import | ast.ImportFrom) and statements[i] not in before
+    ]
+    assert statements[setting] == "os.environ.setdefault('GOMP_SPINCOUNT', '1000')"
+    assert setting < min(imports)
