@@ -196,7 +196,7 @@ def test_corridor_learner_steps_shrink_once_the_task_is_solved():
     """Once a task is solved, the Corridor's PPO learner's steps shrink with its advantages (in
     units of the returns, under AMSGrad). The earlier learner (advantages divided by their
     std, Adam) kept taking steps as large as those of learning: on the Corridor those steps
-    flipped one case of the door choice (docs/expire-span-dynamics.md)."""
+    flipped one case of the door choice (docs/history.md)."""
     default = OmegaConf.load(ROOT / "configs" / "agent" / "ppo.yaml")
     corridor = OmegaConf.load(ROOT / "configs" / "preset_env" / "default_corridor.yaml").agent
     corridor = OmegaConf.merge(default, corridor)
