@@ -124,7 +124,7 @@ def main() -> None:
         "memory_size": round(sum(memory_sizes) / len(memory_sizes), 1),
         "acting_mflops_per_step": round(flops / 1e6, 2),
         "matrix_gflops": round(rate, 1),
-        "acting_floor_ms": round(floor_ms, 2),
+        "acting_floor_ms": float(f"{floor_ms:.3g}"),  # (3 significant digits: tiny models)
         "acting_over_floor": round(per_update["acting"] / max(floor_ms, math.ulp(1.0)), 1),
     }
     vec_env.close()
