@@ -21,7 +21,9 @@ def record_closing(monkeypatch) -> list[str]:
     """Makes the metrics logger and a training run's process group (`training.start_run`)
     note when they are closed (in the list returned); the logger notes its W&B exit code."""
     closed = []
-    monkeypatch.setattr(training.run, "cleanup_distributed", lambda: closed.append("process group"))
+    monkeypatch.setattr(
+        training.run, "cleanup_distributed", lambda *exc_info: closed.append("process group")
+    )
     monkeypatch.setattr(
         MetricsLogger, "close", lambda self, exit_code=0: closed.append(f"logger {exit_code}")
     )

@@ -102,14 +102,19 @@ def setup_distributed(device: str = "auto") -> DistInfo:
     return info
 
 
-def cleanup_distributed() -> None:
-    """Leave the process group (safe to call when there is none).
+def cleanup_distributed(exc_type: type | None = None, *_: Any) -> None:
+    """Leave the process group (safe to call when there is none); an ExitStack exit callback.
 
+    After a finished run the ranks leave together (a barrier): rank 0 evaluates while the
+    others are done, and under torch 2.4 a gloo group freed after a peer has gone waits
+    forever. After an exception nobody waits, since the other ranks may be gone.
     A DistributedDataParallel wrapper sits in a reference cycle that keeps the group's
     backend alive after this call; the trainers collect it once `train` has returned, because
     a gloo group freed during interpreter shutdown can abort the process after a finished run.
     """
     if torch_dist.is_initialized():
+        if exc_type is None:
+            torch_dist.barrier()
         torch_dist.destroy_process_group()
 
 

@@ -290,7 +290,7 @@ class MetricsLogger:
             config=_to_dict(cfg) if cfg is not None else None,
             dir=str(self.run_dir),
             id=run_id,
-            resume="allow",
+            resume=None if offline else "allow",  # offline runs append by id; W&B warns on "allow"
             # Offline, W&B's banner only says where the files are: one log line says it instead.
             settings=wandb.Settings(silent=offline),
         )

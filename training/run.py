@@ -44,7 +44,7 @@ def start_run(
     have as many processes as wrote its checkpoint: each continues one rank's environments,
     memory and random streams."""
     dist = setup_distributed(cfg.device)
-    resources.callback(cleanup_distributed)
+    resources.push(cleanup_distributed)
     use_host(cfg.torch_threads)
     run_dir = get_run_dir(dist)
     if checkpoint is not None and len(checkpoint["rng"]) != dist.world_size:
