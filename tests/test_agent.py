@@ -22,7 +22,7 @@ from agents.learners import (
 )
 from agents.module_swap import module_group, module_groups, swapped
 from agents.probes import keep_new_memories, success_by_case, success_by_length
-from agents.recurrent import RecurrentState
+from agents.recurrent import GRULayers, RecurrentState
 from analysis.span_drift import drift_split
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.expire_span import SpanPredictor
@@ -425,6 +425,29 @@ def test_recurrent_block_mode_equals_a_loop_over_timesteps(kind):
     (grad_block,) = torch.autograd.grad((block.hidden * weights).sum(), x)
     (grad_loop,) = torch.autograd.grad((looped * weights).sum(), x)
     torch.testing.assert_close(grad_block, grad_loop, atol=1e-6, rtol=0)
+
+
+def test_the_project_gru_is_torch_gru():
+    """`GRULayers` replaces `torch.nn.GRU` for speed: a seed must draw the same weights under
+    the same names, and the outputs, final state and gradients must be torch's."""
+    torch.manual_seed(0)
+    reference = torch.nn.GRU(8, 8, 2, batch_first=True)
+    torch.manual_seed(0)
+    ours = GRULayers(8, 2)
+    assert list(ours.state_dict()) == list(reference.state_dict())
+    for name, weight in reference.state_dict().items():
+        assert torch.equal(ours.state_dict()[name], weight), name
+    x, h = torch.randn(3, 7, 8, requires_grad=True), torch.randn(2, 3, 8)
+    expected, ours_out = reference(x, h), ours(x, h)
+    for got, want in zip(ours_out, expected, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+    weights = torch.randn(3, 7, 8)
+    grads = [
+        torch.autograd.grad((out * weights).sum() + last.sum(), [x, *layers.parameters()])
+        for layers, (out, last) in ((reference, expected), (ours, ours_out))
+    ]
+    for got, want in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_greedy_action_is_the_argmax_and_sampling_follows_the_policy():
