@@ -56,6 +56,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global state
 from omegaconf import OmegaConf
 
+from agents.recurrent import RECURRENT_KINDS
 from analysis.runs import LM, run_kind
 from envs.registry import NAMED_ENVS
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
@@ -286,7 +287,7 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         run_dir=str(run_dir),
         group=group,
         kind=kind,
-        max_span=OmegaConf.select(cfg, "memory.max_span"),
+        max_span=None if kind in RECURRENT_KINDS else OmegaConf.select(cfg, "memory.max_span"),
         seed=seed,
         setting="",
         metric=chosen,
