@@ -31,7 +31,7 @@ import hydra
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
-from agents import RECURRENT_KINDS, ActorCritic
+from agents import BASELINE_KINDS, ActorCritic
 from agents.build import build_agent, build_core
 from agents.encoders import NORMALISE
 from agents.episodes import EpisodeStats
@@ -171,7 +171,7 @@ def check_config(cfg: DictConfig) -> None:
         require("imageio_ffmpeg")
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
-    check_choice("memory", cfg.memory.kind, (*kind_names(), *RECURRENT_KINDS))
+    check_choice("memory", cfg.memory.kind, (*kind_names(), *BASELINE_KINDS))
     try:
         build_core(cfg.memory)  # the memory config checks its own fields
     except ValueError as error:

@@ -8,13 +8,17 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agents.actor_critic import ActorCritic
+from agents.feedforward import FEEDFORWARD_KIND, FeedForwardCore
 from agents.recurrent import RECURRENT_KINDS, RecurrentCore
 from memory import MemoryConfig, MemoryTransformer
 
 
 def build_core(memory_cfg: DictConfig) -> torch.nn.Module:
-    """The memory core `memory.kind` names: a memory transformer, or a recurrent baseline."""
+    """The memory core `memory.kind` names: a memory transformer, a recurrent baseline, or
+    the feed-forward core without memory."""
     fields = OmegaConf.to_container(memory_cfg, resolve=True)
+    if fields["kind"] == FEEDFORWARD_KIND:
+        return FeedForwardCore(fields["dim"])
     if fields["kind"] in RECURRENT_KINDS:
         return RecurrentCore(fields["dim"], fields["num_layers"], fields["kind"])
     return MemoryTransformer(MemoryConfig(**fields))

@@ -56,7 +56,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global state
 from omegaconf import OmegaConf
 
-from agents.recurrent import RECURRENT_KINDS
+from agents import BASELINE_KINDS
 from analysis.runs import LM, run_kind
 from envs.registry import NAMED_ENVS
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
@@ -91,6 +91,7 @@ KIND_STYLES = {  # label, colour, marker
     "compressive": ("Compressive", "tab:purple", "D"),
     "lstm": ("LSTM", "tab:gray", "x"),
     "gru": ("GRU", "black", "+"),
+    "mlp": ("MLP (no memory)", "darkkhaki", "v"),
 }
 OTHER_STYLES = [  # colour, marker for any other kind
     ("tab:orange", "v"),
@@ -287,7 +288,7 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         run_dir=str(run_dir),
         group=group,
         kind=kind,
-        max_span=None if kind in RECURRENT_KINDS else OmegaConf.select(cfg, "memory.max_span"),
+        max_span=None if kind in BASELINE_KINDS else OmegaConf.select(cfg, "memory.max_span"),
         seed=seed,
         setting="",
         metric=chosen,

@@ -9,7 +9,7 @@ from gymnasium import spaces
 from omegaconf import OmegaConf
 from torch.distributions import Categorical, kl_divergence
 
-from agents import RECURRENT_KINDS, ActorCritic, RecurrentCore
+from agents import BASELINE_KINDS, RECURRENT_KINDS, ActorCritic, FeedForwardCore, RecurrentCore
 from agents.distributions import policy_kl
 from agents.learners import (
     PolicyAnchor,
@@ -36,6 +36,8 @@ def make_agent(kind: str) -> ActorCritic:
     torch.manual_seed(0)
     if kind in RECURRENT_KINDS:
         core = RecurrentCore(dim=32, kind=kind)
+    elif kind == "mlp":
+        core = FeedForwardCore(dim=32)
     else:
         core = MemoryTransformer(
             MemoryConfig(
@@ -319,7 +321,7 @@ def nudged(agent: ActorCritic, scale: float = 0.05) -> ActorCritic:
     return agent
 
 
-@pytest.mark.parametrize("kind", [*kind_names(), *RECURRENT_KINDS])
+@pytest.mark.parametrize("kind", [*kind_names(), *BASELINE_KINDS])
 def test_learning_after_an_update_reads_carried_memories_as_acting_does(kind):
     """After an update the learner reads the carried memories' keys, values and spans with the
     new weights (block mode with gradients recomputes them); acting, from the memory refreshed
@@ -335,7 +337,7 @@ def test_learning_after_an_update_reads_carried_memories_as_acting_does(kind):
     acting, _ = act_for(agent, unroll, refreshed)
     learning = agent(unroll, refreshed, continuing)[0]  # gradients on, as the learner
     torch.testing.assert_close(acting, learning.detach(), atol=1e-5, rtol=1e-5)
-    if kind not in RECURRENT_KINDS:  # stale keys and values read otherwise
+    if kind not in BASELINE_KINDS:  # stale keys and values read otherwise
         stale, _ = act_for(agent, unroll, carried)
         assert (stale - learning).abs().max() > 1e-3
 
@@ -363,7 +365,7 @@ def test_the_anchor_reads_its_own_memory():
         _, carried = act_for(agent, unroll, agent.core.refresh(carried))
 
 
-@pytest.mark.parametrize("kind", [*kind_names(), *RECURRENT_KINDS])
+@pytest.mark.parametrize("kind", [*kind_names(), *BASELINE_KINDS])
 def test_block_mode_replays_what_step_mode_did(kind):
     """The learner recomputes an unroll in block mode from the memory it started with; its
     log-probabilities and values must be those the actor had, episode boundaries included

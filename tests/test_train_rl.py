@@ -18,7 +18,7 @@ from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RL, TINY_RUN
 
 import agents.evaluation
 import agents.update
-from agents import RECURRENT_KINDS
+from agents import BASELINE_KINDS
 from agents.build import build_agent
 from envs.registry import make_env
 from memory import kind_names
@@ -450,7 +450,7 @@ def test_the_default_agent_solves_the_short_corridor_on_most_seeds(tmp_path):
     assert all(run[-1]["memory_size"] < 20 for run in lines.values()), curves(lines, "memory_size")
 
 
-@pytest.mark.parametrize("memory", [*kind_names(), *RECURRENT_KINDS])
+@pytest.mark.parametrize("memory", [*kind_names(), *BASELINE_KINDS])
 def test_every_update_starts_from_the_policy_that_acted(tmp_path, memory):
     """Corridors of 20-30 steps and unrolls of 10: most memories an unroll reads were written
     in earlier unrolls, under earlier weights (a large rate moves them far). The first
