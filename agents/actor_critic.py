@@ -9,9 +9,10 @@ import torch.nn.functional as F
 from gymnasium import spaces
 from torch import nn
 
-from agents.distributions import Gaussian, PolicyParams, log_prob_and_entropy, sample
+from agents.distributions import Gaussian, PolicyParams, sample
 from agents.encoders import make_encoder
 from memory import CoreOutput
+from training.host import acting_threads
 
 # What the agent saw besides the observation: the previous action and the previous reward,
 # (B,) or (B, T) (MultiDiscrete and Box actions: (..., components)), zeros at episode starts.
@@ -185,9 +186,11 @@ class ActorCritic(nn.Module):
         greedy: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, CoreOutput]:
         """Step mode: obs (B, *obs_shape), episode_start (B,) -> action, its log-probability,
-        the value estimate and the core's output (whose `state` is the next state)."""
-        out = self.core.step(self.encode(obs, episode_start, previous), state, episode_start)
-        policy = self.policy(out.hidden)
-        action = sample(policy, greedy)
-        log_prob, _ = log_prob_and_entropy(policy, action)
-        return action, log_prob, self.value(out.hidden).squeeze(-1), out
+        the value estimate and the core's output (whose `state` is the next state). Runs on
+        as many CPU threads as its few-row operations keep busy (`acting_threads`)."""
+        width = self.value.in_features
+        with acting_threads(episode_start.shape[0] * width):
+            out = self.core.step(self.encode(obs, episode_start, previous), state, episode_start)
+            policy = self.policy(out.hidden)
+            action, log_prob = sample(policy, greedy)
+            return action, log_prob, self.value(out.hidden).squeeze(-1), out

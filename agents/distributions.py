@@ -32,20 +32,31 @@ class Gaussian:
 PolicyParams = torch.Tensor | tuple[torch.Tensor, ...] | Gaussian
 
 
-def sample(policy: PolicyParams, greedy: bool = False) -> torch.Tensor:
-    """An action of each batch element: the most likely (``greedy``: a Gaussian's mean) or a
-    sample; one per component for MultiDiscrete, stacked on the last dimension."""
+def sample(policy: PolicyParams, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """An action of each batch element, the most likely (``greedy``: a Gaussian's mean) or a
+    sample, and its log-probability (density, for Box); for MultiDiscrete one action per
+    component, stacked on the last dimension, whose log-probabilities add up."""
     if isinstance(policy, Gaussian):
-        if greedy:
-            return policy.mean
-        return policy.mean + policy.log_std.exp() * torch.randn_like(policy.mean)
+        action = policy.mean
+        if not greedy:
+            action = action + policy.log_std.exp() * torch.randn_like(action)
+        return action, gaussian_log_prob(policy, action)
     if isinstance(policy, tuple):
-        return torch.stack([sample(part, greedy) for part in policy], dim=-1)
+        parts = [sample(part, greedy) for part in policy]
+        return torch.stack([action for action, _ in parts], dim=-1), sum(lp for _, lp in parts)
+    log_probs = F.log_softmax(policy, dim=-1)
     if greedy:
-        return policy.argmax(dim=-1)
-    # Gumbel-max sampling: cheaper than torch.multinomial for small batches.
-    gumbel = -torch.log(-torch.log(torch.rand_like(policy).clamp_(min=1e-20)))
-    return (torch.log_softmax(policy, dim=-1) + gumbel).argmax(dim=-1)
+        action = policy.argmax(dim=-1)
+    else:  # Gumbel-max sampling: cheaper than torch.multinomial for small batches
+        gumbel = -torch.log(-torch.log(torch.rand_like(policy).clamp_(min=1e-20)))
+        action = (log_probs + gumbel).argmax(dim=-1)
+    return action, log_probs.gather(-1, action[..., None]).squeeze(-1)
+
+
+def gaussian_log_prob(policy: Gaussian, actions: torch.Tensor) -> torch.Tensor:
+    """The density's log at ``actions``, summed over the independent dimensions."""
+    z = (actions - policy.mean) * torch.exp(-policy.log_std)
+    return (-0.5 * z.square() - policy.log_std - LOG_SQRT_2PI).sum(-1)
 
 
 def log_prob_and_entropy(
@@ -55,8 +66,7 @@ def log_prob_and_entropy(
     components of a MultiDiscrete action (``actions`` (..., components)) and the dimensions
     of a Box action are independent: both add up over them."""
     if isinstance(policy, Gaussian):
-        z = (actions - policy.mean) * torch.exp(-policy.log_std)
-        log_prob = (-0.5 * z.square() - policy.log_std - LOG_SQRT_2PI).sum(-1)
+        log_prob = gaussian_log_prob(policy, actions)
         entropy = (0.5 + LOG_SQRT_2PI + policy.log_std).sum(-1)
         return log_prob, entropy.expand_as(log_prob)
     if isinstance(policy, tuple):

@@ -10,10 +10,17 @@ updates after `--warmup` more (memory sizes settle). Prints one JSON object: the
 second, the milliseconds per update of each part, and for acting its matrix FLOPs per step
 (counted by torch.utils.flop_counter on one step), the CPU's matrix-product rate (a large
 float32 product, GFLOP/s) and `acting_floor_ms`, the time those FLOPs take at that rate: the
-least acting could take on this CPU if nothing but its arithmetic cost time.
+least acting could take on this CPU if nothing but its arithmetic cost time. Then one more
+unroll with acting under torch.profiler (`acting_profiled_ms`, per update): the matrix products
+at their own shapes, the other ATen operations, and the rest, Python and the profiler's own
+cost; and `acting_ops_per_step`, the operations Python calls per step.
 """
 
 from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")  # as train_rl.py sets it, before torch loads
 
 import argparse
 import json
@@ -52,6 +59,31 @@ class Timer:
                 self.seconds += time.perf_counter() - start
 
         return timed
+
+
+MATRIX_PRODUCTS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
+
+
+def acting_parts(events, region: str) -> tuple[dict[str, float], int]:
+    """Seconds of the profiled ``region`` calls spent in matrix products, in the other ATen
+    operations and in the rest (Python and the profiler), and how many operations Python
+    called there."""
+    regions = [event for event in events if event.name == region]
+    parts = {"matrix_products": 0.0, "other_ops": 0.0}
+    called = 0
+    for event in events:
+        parent = event.cpu_parent
+        while parent is not None and parent.name != region:
+            parent = parent.cpu_parent
+        if parent is None or not event.name.startswith("aten::"):
+            continue
+        part = "matrix_products" if event.name in MATRIX_PRODUCTS else "other_ops"
+        parts[part] += event.self_cpu_time_total / 1e6
+        called += event.cpu_parent is parent
+    parts["python_and_profiler"] = sum(event.cpu_time_total for event in regions) / 1e6 - sum(
+        parts.values()
+    )
+    return parts, called
 
 
 def matrix_rate(size: int = 1024, repeats: int = 10) -> float:
@@ -102,6 +134,15 @@ def main() -> None:
             memory_sizes.append(unroll.memory_size)
     elapsed = time.perf_counter() - start
 
+    def act_as_region(*args, **kwargs):
+        with torch.profiler.record_function("acting"):
+            return act(*args, **kwargs)
+
+    agent.act = act_as_region  # one more unroll, acting's operations timed
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        collect_unroll(agent, player, unroll, SpanStats(), bootstrap_truncated)
+    parts, called = acting_parts(profile.events(), "acting")
+
     agent.eval()
     with FlopCounterMode(display=False) as counter:
         act(player.obs, player.state, player.episode_start, player.previous)
@@ -126,6 +167,8 @@ def main() -> None:
         "matrix_gflops": round(rate, 1),
         "acting_floor_ms": float(f"{floor_ms:.3g}"),  # (3 significant digits: tiny models)
         "acting_over_floor": round(per_update["acting"] / max(floor_ms, math.ulp(1.0)), 1),
+        "acting_profiled_ms": {name: round(seconds * 1000, 1) for name, seconds in parts.items()},
+        "acting_ops_per_step": round(called / cfg.unroll_len),
     }
     vec_env.close()
     print(json.dumps(result))

@@ -139,9 +139,9 @@ class MemoryAttention(nn.Module):
         if length == 1:  # step mode: look the distance up directly
             by_distance = torch.bmm(queries, self.position.transpose(1, 2))
             by_distance = by_distance.view(heads, batch, 1, reach).transpose(0, 1)
-            by_distance = F.pad(by_distance, (0, 1))  # column ``reach``: no embedding
-            index = window.clamp(max=reach)[:, None, None, :].expand(batch, heads, 1, width)
-            return by_distance.gather(-1, index)
+            index = window.clamp(max=reach - 1)[:, None, None, :].expand(batch, heads, 1, width)
+            term = by_distance.gather(-1, index)
+            return term.masked_fill_((window >= reach)[:, None, None, :], 0.0)  # no embedding
         # block mode: by_time[q, c] = q_t . p_{t-i} for the key i at time (first - reach + 1 + c),
         # by skewing the products with the reversed table: row q shifted right by q
         columns = reach - 1 + length

@@ -174,12 +174,11 @@ class MemoryKind(nn.Module):
         visible = call.visible(slots.position)
         if m.dim() == 4:
             visible = visible[:, None]
-        if m.dtype == torch.bool:
-            m = m & visible
-            aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
-        else:
-            m = m * visible
+        m = m & visible if m.dtype == torch.bool else m * visible
+        if call.recompute and m.dtype != torch.bool:  # a loss to train on: only with gradients
             aux_loss = self.loss(m, slots, call)
+        else:
+            aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
         count = torch.count_nonzero(m)
         if m.dim() == 4:  # per-head masks: the mean over heads
             count = count / m.shape[1]

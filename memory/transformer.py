@@ -27,7 +27,7 @@ class CoreOutput:
 
     hidden: Tensor  # (B, K, dim) in block mode, (B, dim) in step mode: final-normed outputs
     state: MemoryState  # the memory after this call, detached
-    aux_loss: Tensor  # scalar: the memory kind's auxiliary loss for this call (0 if none)
+    aux_loss: Tensor  # scalar: the kind's auxiliary loss for this call (0: none, or no gradients)
     memory_size: float  # average |C_t|: memories with m_ti > 0 per query, over queries and layers
     spans: tuple[Tensor, ...] | None = None  # per layer, e_i of the call's new memories (B, K)
 

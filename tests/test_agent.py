@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 from torch.distributions import Categorical, kl_divergence
 
 from agents import BASELINE_KINDS, RECURRENT_KINDS, ActorCritic, FeedForwardCore, RecurrentCore
-from agents.distributions import policy_kl
+from agents.distributions import log_prob_and_entropy, policy_kl, sample
 from agents.learners import (
     PolicyAnchor,
     actor_critic_loss,
@@ -240,6 +240,19 @@ def test_policy_kl_is_the_categorical_kl_summed_over_components():
     both = expected + kl_divergence(Categorical(logits=r), Categorical(logits=s))
     torch.testing.assert_close(policy_kl((p, r), (q, s)), both)
     assert policy_kl(p, p).abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+def test_acting_scores_its_action_as_the_learner_does(greedy):
+    """The log-probability an action is sampled with is the one the learner computes for it,
+    exactly, for a categorical and for MultiDiscrete components (whose log-probabilities add)."""
+    torch.manual_seed(0)
+    p, r = torch.randn(6, 4), torch.randn(6, 3)
+    for policy in (p, (p, r)):
+        action, log_prob = sample(policy, greedy)
+        assert torch.equal(log_prob, log_prob_and_entropy(policy, action)[0])
+    action, _ = sample((p, r), greedy)
+    assert action.shape == (6, 2) and action[:, 1].max() < 3
 
 
 def test_policy_anchor_keeps_the_best_agent_once_it_solved_the_task():

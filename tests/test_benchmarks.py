@@ -106,6 +106,28 @@ def test_unroll_time_splits_an_update_and_counts_acting_flops():
     # layers, at least: 2 FLOPs per multiply-add
     assert timing["acting_mflops_per_step"] * 1e6 >= 4 * 2 * 2 * (4 * 16 * 16 + 2 * 16 * 32)
     assert timing["acting_floor_ms"] > 0 and timing["steps_per_s"] > 0
+    acting = timing["acting_profiled_ms"]
+    assert acting["matrix_products"] > 0 and acting["other_ops"] > 0
+    # at least each layer's q, k, v, output and two FFN products per step, and the heads
+    assert timing["acting_ops_per_step"] >= 2 * 4 + 2
+
+
+def test_recurrent_cells_times_each_layer_in_both_shapes():
+    """Tiny shapes: every layer timed learning and acting, the project's GRU as a ratio."""
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks/recurrent_cells.py"), "--batch", "2"]
+        + ["--block", "5", "--envs", "2", "--dim", "8", "--repeats", "2", "--threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    timing = json.loads(result.stdout)
+    for layer in ("torch_gru", "project_gru", "torch_lstm"):
+        assert timing[f"{layer}_learn_ms"] > 0 and timing[f"{layer}_act_ms"] > 0
+    ratio = timing["project_gru_learn_ms"] / timing["torch_gru_learn_ms"]
+    assert timing["project_gru_learn_ratio"] == pytest.approx(ratio, rel=1e-3)
 
 
 @pytest.mark.parametrize("script", ["train_rl.py", "train_lm.py"])

@@ -633,6 +633,24 @@ def test_use_host_sets_threads_from_torchrun_local_processes(monkeypatch):
         torch.set_num_threads(before)
 
 
+def test_acting_takes_one_thread_per_8192_values_and_gives_them_back():
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        with training.host.acting_threads(64 * 64) as threads:  # 64 environments, 64 wide
+            assert threads == torch.get_num_threads() == 1
+        assert torch.get_num_threads() == 3
+        with training.host.acting_threads(256 * 64) as threads:
+            assert threads == torch.get_num_threads() == 2
+        with training.host.acting_threads(1024 * 64):  # never more than torch has
+            assert torch.get_num_threads() == 3
+        with pytest.raises(KeyError), training.host.acting_threads(64):
+            raise KeyError  # an error inside gives the threads back too
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_run_resumes_only_with_as_many_processes_as_wrote_its_checkpoint(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     cfg = OmegaConf.create({"device": "cpu", "torch_threads": torch.get_num_threads()})

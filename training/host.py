@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -21,6 +23,9 @@ AUTO = "auto"
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _MMAP_THRESHOLD_MAX = 32 * 2**20  # the largest value glibc accepts on 64-bit hosts
 _TRIM_THRESHOLD = 2**30
+# Acting in step mode: a second thread pays from about this many values per operation (one
+# step's batch x width); below, waking it costs more than it saves (docs/performance.md).
+VALUES_PER_ACTING_THREAD = 8192
 
 
 def available_cores() -> int:
@@ -60,6 +65,21 @@ def use_host(torch_threads: int | str) -> int:
     torch.set_num_threads(threads)
     keep_freed_memory()
     return threads
+
+
+@contextmanager
+def acting_threads(values: int) -> Iterator[int]:
+    """Runs the block on as many of torch's threads as operations of ``values`` elements (a
+    step's batch x width) keep busy, one per VALUES_PER_ACTING_THREAD, at least one; yields
+    that number. Acting's operations are a few rows each: at 64 environments of a 64-wide
+    core two threads act 20% slower than one, at 256 they act 25% faster."""
+    threads = torch.get_num_threads()
+    acting = max(1, min(threads, values // VALUES_PER_ACTING_THREAD))
+    torch.set_num_threads(acting)
+    try:
+        yield acting
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _glibc() -> ctypes.CDLL | None:
