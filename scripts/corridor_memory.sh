@@ -2,7 +2,7 @@
 # The paper's figure 4 (left) on held-out seeds: success against average memory size on the
 # full Corridor, one point per run: Transformer-XL at spans 10, 20, 50, 100, 200 and Expire-Span
 # (L = 200), all with the default preset, 3M steps each (docs/results.md, "Memory against
-# success"). 19 runs, two at a time with one thread each: about 3.5 hours on 2 cores.
+# success"). 17 runs, two at a time with one thread each: about 3 hours on 2 cores.
 #   bash scripts/corridor_memory.sh [SWEEP_DIR]
 # A stopped job continues with its own command and resume=true (docs/sweeps.md).
 set -euo pipefail
