@@ -86,20 +86,19 @@ def test_throughput_averages_the_runs_started_together_after_their_first_interva
     assert result == {"per_s": 200, "unit": "steps", "memory_size": 5.0}
 
 
+def benchmark_json(script: str, *args: str) -> dict:
+    """The JSON object that ``benchmarks/<script> args`` prints, after checking it ran."""
+    command = [sys.executable, str(ROOT / "benchmarks" / script), *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 def test_unroll_time_splits_an_update_and_counts_acting_flops():
     """A tiny Corridor run: the parts are positive and acting's FLOPs are those of its
     matrix products (2 layers of a 16-unit core with ffn 32 read 4 environments' steps)."""
-    overrides = [*TINY_RL, "eval.after_training=false"]
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/unroll_time.py"), "--updates", "2", "--warmup", "1"]
-        + ["--threads", "1", *overrides],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    timing = json.loads(result.stdout)
+    short = ["--updates", "2", "--warmup", "1", "--threads", "1"]
+    timing = benchmark_json("unroll_time.py", *short, *TINY_RL, "eval.after_training=false")
     parts = timing["ms_per_update"]
     assert parts["acting"] > 0 and parts["learner"] > 0 and min(parts.values()) >= 0
     # per env-step: q, k, v and output projections (4 x 16 x 16), the FFN (2 x 16 x 32), x 2
@@ -114,16 +113,8 @@ def test_unroll_time_splits_an_update_and_counts_acting_flops():
 
 def test_recurrent_cells_times_each_layer_in_both_shapes():
     """Tiny shapes: every layer timed learning and acting, the project's GRU as a ratio."""
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks/recurrent_cells.py"), "--batch", "2"]
-        + ["--block", "5", "--envs", "2", "--dim", "8", "--repeats", "2", "--threads", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=ROOT,
-    )
-    assert result.returncode == 0, result.stderr
-    timing = json.loads(result.stdout)
+    sizes = ["--batch", "2", "--block", "5", "--envs", "2", "--dim", "8", "--repeats", "2"]
+    timing = benchmark_json("recurrent_cells.py", *sizes, "--threads", "1")
     for layer in ("torch_gru", "project_gru", "torch_lstm"):
         assert timing[f"{layer}_learn_ms"] > 0 and timing[f"{layer}_act_ms"] > 0
     ratio = timing["project_gru_learn_ms"] / timing["torch_gru_learn_ms"]
