@@ -10,6 +10,9 @@ Each setting runs a trainer with its defaults (every core) in a fresh process:
   (`memory.init_span_fraction=0.1`, 20 steps);
 - ``corridor_a2c``: the paper's learner, `preset=paper` (A2C, 64 environments, one RMSProp
   step per unroll of 6,400 steps);
+- ``corridor_compiled``, ``corridor_a2c_compiled``: ``corridor_start`` and ``corridor_a2c``
+  acting through torch.compile (`compile_acting=true`; a reference without the setting runs
+  them as it acts);
 - ``corridor_transformer_xl``, ``corridor_gru``, ``corridor_lstm``: the default with another
   memory (Transformer-XL of span 50);
 - ``popgym_expire_span``, ``popgym_gru``, ``popgym_lstm``: `env=popgym` (RepeatPreviousEasy);
@@ -63,6 +66,8 @@ SETTINGS = {
     "corridor_start": rl(),
     "corridor_steady": rl("memory.init_span_fraction=0.1"),
     "corridor_a2c": rl("preset=paper"),
+    "corridor_compiled": rl("++compile_acting=true"),
+    "corridor_a2c_compiled": rl("preset=paper", "++compile_acting=true"),
     "corridor_transformer_xl": rl("memory=transformer_xl", "memory.max_span=50"),
     "corridor_gru": rl("memory=gru"),
     "corridor_lstm": rl("memory=lstm"),

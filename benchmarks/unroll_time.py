@@ -7,13 +7,16 @@ is to what its arithmetic needs.
 
 Builds the run's envs, agent, learner and player as train_rl.py does and times `--updates`
 updates after `--warmup` more (memory sizes settle). Prints one JSON object: the steps per
-second, the milliseconds per update of each part, and for acting its matrix FLOPs per step
-(counted by torch.utils.flop_counter on one step), the CPU's matrix-product rate (a large
-float32 product, GFLOP/s) and `acting_floor_ms`, the time those FLOPs take at that rate: the
-least acting could take on this CPU if nothing but its arithmetic cost time. Then one more
-unroll with acting under torch.profiler (`acting_profiled_ms`, per update): the matrix products
-at their own shapes, the other ATen operations, and the rest, Python and the profiler's own
-cost; and `acting_ops_per_step`, the operations Python calls per step.
+second, the milliseconds per update of each part, and how close acting is to its arithmetic,
+all on the threads acting runs on (`acting_threads`):
+- `acting_products_ms`: the matrix products of one acting step (recorded with their inputs,
+  shapes and strides), replayed back to back, per update: what acting costs if nothing but
+  its products took time;
+- `acting_floor_ms`: acting's matrix FLOPs per step (torch.utils.flop_counter) at the rate of
+  a large float32 product (`matrix_gflops`): the same FLOPs if they ran at that rate.
+Then one more unroll with acting under torch.profiler (`acting_profiled_ms`, per update): the
+matrix products in place, the other ATen operations, and the rest, Python and the profiler's
+own cost; and `acting_ops_per_step`, the operations Python calls per step.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import torch
 from hydra import compose, initialize_config_dir
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from agents.build import build_agent
@@ -40,6 +44,7 @@ from agents.update import Learner
 from envs.registry import make_vector_env, named_env
 from training import SpanStats, seed_everything, use_host
 from training.distributed import DistInfo
+from training.host import acting_threads
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -62,6 +67,39 @@ class Timer:
 
 
 MATRIX_PRODUCTS = {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addbmm"}
+
+
+class ProductRecorder(TorchDispatchMode):
+    """Records the matrix products called under it, each with a copy of its inputs (same
+    shapes and strides), to replay them alone."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.name().split(".")[0] in MATRIX_PRODUCTS:
+            copied = [_copy(a) for a in args]
+            self.calls.append((func, copied, {k: _copy(v) for k, v in kwargs.items()}))
+        return func(*args, **kwargs)
+
+    def replay_seconds(self, repeats: int = 200) -> float:
+        """Seconds per replay of every recorded product, the least of five rounds."""
+        best = math.inf
+        for _ in range(5):
+            start = time.perf_counter()
+            for _ in range(repeats):
+                for func, args, kwargs in self.calls:
+                    func(*args, **kwargs)
+            best = min(best, (time.perf_counter() - start) / repeats)
+        return best
+
+
+def _copy(value):
+    if not isinstance(value, torch.Tensor):
+        return value
+    return value.new_empty_strided(value.shape, value.stride()).copy_(value)
 
 
 def acting_parts(events, region: str) -> tuple[dict[str, float], int]:
@@ -87,7 +125,7 @@ def acting_parts(events, region: str) -> tuple[dict[str, float], int]:
 
 
 def matrix_rate(size: int = 1024, repeats: int = 10) -> float:
-    """GFLOP/s of a float32 (size x size) product on this CPU, with torch's threads."""
+    """GFLOP/s of a float32 (size x size) product on this CPU, on torch's threads."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     torch.mm(a, b)
     start = time.perf_counter()
@@ -133,6 +171,12 @@ def main() -> None:
         if index >= args.warmup:
             memory_sizes.append(unroll.memory_size)
     elapsed = time.perf_counter() - start
+    per_update = {  # (before the profiled unroll, whose environments step timed too)
+        name: round(timer.seconds / args.updates * 1000, 1)
+        for name, timer in (("acting", acting), ("envs", stepping), ("learner", learning))
+    }
+    rest = collecting.seconds - acting.seconds - stepping.seconds
+    per_update["other_collecting"] = round(rest / args.updates * 1000, 1)
 
     def act_as_region(*args, **kwargs):
         with torch.profiler.record_function("acting"):
@@ -144,17 +188,14 @@ def main() -> None:
     parts, called = acting_parts(profile.events(), "acting")
 
     agent.eval()
-    with FlopCounterMode(display=False) as counter:
+    recorder = ProductRecorder()
+    with FlopCounterMode(display=False) as counter, recorder:
         act(player.obs, player.state, player.episode_start, player.previous)
     flops = counter.get_total_flops()
-    rate = matrix_rate()
+    with acting_threads(cfg.num_envs * agent.value.in_features) as acting_on:
+        rate = matrix_rate()
+        products_ms = recorder.replay_seconds() * cfg.unroll_len * 1000
     steps_per_update = cfg.num_envs * cfg.unroll_len
-    per_update = {
-        name: round(timer.seconds / args.updates * 1000, 1)
-        for name, timer in (("acting", acting), ("envs", stepping), ("learner", learning))
-    }
-    rest = collecting.seconds - acting.seconds - stepping.seconds
-    per_update["other_collecting"] = round(rest / args.updates * 1000, 1)
     floor_ms = flops * cfg.unroll_len / (rate * 1e9) * 1000
     result = {
         "overrides": args.overrides,
@@ -163,6 +204,9 @@ def main() -> None:
         "steps_per_s": round(args.updates * steps_per_update / elapsed),
         "ms_per_update": per_update,
         "memory_size": round(sum(memory_sizes) / len(memory_sizes), 1),
+        "acting_threads": acting_on,
+        "acting_products_ms": round(products_ms, 1),
+        "acting_over_products": round(per_update["acting"] / products_ms, 1),
         "acting_mflops_per_step": round(flops / 1e6, 2),
         "matrix_gflops": round(rate, 1),
         "acting_floor_ms": float(f"{floor_ms:.3g}"),  # (3 significant digits: tiny models)

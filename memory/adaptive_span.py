@@ -22,6 +22,7 @@ class AdaptiveSpan(MemoryKind):
     """A learned span per head with the ramp mask and its L1 span loss."""
 
     name = "adaptive_span"
+    steps_in_buffer = True  # ``read`` only projects the spans; ``spans()`` clamps them anyway
 
     def __init__(self, cfg: MemoryConfig) -> None:
         super().__init__(cfg)

@@ -46,7 +46,7 @@ def kind_names() -> tuple[str, ...]:
 class Call:
     """One call of the core (a block of Q >= 1 timesteps), as every layer sees it."""
 
-    start: int  # time index of the first query
+    start: int | Tensor  # time index of the first query ((B, 1) in `step_in_buffers`)
     positions: Tensor  # (B, Q) int64: time index of each query (and of the memory it writes)
     query_begin: Tensor  # (B, Q) int64: episode begin seen by each query
     memory_begin: Tensor  # (B,) int64: episode begin before this call (that of the memories)
@@ -160,6 +160,13 @@ class MemoryKind(nn.Module):
         raise NotImplementedError
 
     # --- shared machinery ------------------------------------------------------------
+    @property
+    def steps_in_buffer(self) -> bool:
+        """Whether step mode without gradients writes the step's memory straight into the
+        ``recent`` store's buffer and reads it with ``read_buffer``: unless the kind reads its
+        own way (overrides ``read``), which it then does in every mode."""
+        return type(self).read is MemoryKind.read
+
     def empty_store(
         self, batch: int, device: torch.device | str, dtype: torch.dtype, with_span: bool
     ) -> SlotStore:
@@ -170,26 +177,47 @@ class MemoryKind(nn.Module):
         """What the layer's memory gives the attention of ``call``, whose new memories are
         ``new``, and the layer's memory after the call."""
         slots, recent = self.extend(attention, memory, "recent", new, call, self.alive)
+        m, count = self.visible_mask(slots, call)
+        if call.recompute and m.dtype != torch.bool:  # a loss to train on: only with gradients
+            aux_loss = self.loss(m, slots, call)
+        else:
+            aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
+        segment = self.segment(self.restrict(m, slots, call), slots, call)
+        if not call.in_place:
+            recent = self.delete(slots, call, self.alive)
+        window = self.window_of(slots.position, call)
+        return Read([segment], *window, aux_loss, count, memory.replace(recent=recent), slots)
+
+    def read_buffer(self, buffer: Slots, call: Call) -> tuple[Segment, Tensor]:
+        """Step mode without gradients (``steps_in_buffer``), after the step's memory was
+        written into the ``recent`` store's buffer: the whole buffer as one segment, its
+        empty and dead slots masked, and the count of ``Read``."""
+        m, count = self.visible_mask(buffer, call)
+        return self.segment(self.restrict(m, buffer, call), buffer, call), count
+
+    def visible_mask(self, slots: Slots, call: Call) -> tuple[Tensor, Tensor]:
+        """m_ti of the call's queries for ``slots``, 0 where a query may not see a memory at
+        all, and how many are > 0 (per-head masks: the mean over heads)."""
         m = self.mask((slots.position - call.start).to(call.dtype), slots.span, call.offsets)
         visible = call.visible(slots.position)
         if m.dim() == 4:
             visible = visible[:, None]
         m = m & visible if m.dtype == torch.bool else m * visible
-        if call.recompute and m.dtype != torch.bool:  # a loss to train on: only with gradients
-            aux_loss = self.loss(m, slots, call)
-        else:
-            aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
         count = torch.count_nonzero(m)
-        if m.dim() == 4:  # per-head masks: the mean over heads
+        if m.dim() == 4:
             count = count / m.shape[1]
-        m = self.restrict(m, slots, call)
-        if m.dim() == 3:
-            m = m[:, None]
-        segment = Segment(slots.keys, slots.values, log_mask(m, call.dtype))
-        if not call.in_place:
-            recent = self.delete(slots, call, self.alive)
-        window = self.window_of(slots.position, call)
-        return Read([segment], *window, aux_loss, count, memory.replace(recent=recent), slots)
+        return m, count
+
+    def segment(self, m: Tensor, slots: Slots, call: Call) -> Segment:
+        """The keys and values of ``slots`` with the attention's log mask for ``m``."""
+        m = m if m.dim() == 4 else m[:, None]
+        return Segment(slots.keys, slots.values, log_mask(m, call.dtype))
+
+    def with_room(self, memory: LayerMemory, time: int, begin: Tensor) -> LayerMemory:
+        """The memory with room in its ``recent`` store for the memory of a step at ``time``
+        whose episode began at ``begin`` (B,) (``steps_in_buffer``)."""
+        room = memory["recent"].with_room(1, lambda slots: self.alive(slots, time, begin))
+        return memory.replace(recent=room)
 
     def refresh(self, attention: MemoryAttention, memory: LayerMemory) -> LayerMemory:
         """The memory with every stored memory's key, value and span recomputed from its h_i
@@ -229,9 +257,8 @@ class MemoryKind(nn.Module):
         and the store (written in place in step mode without gradients)."""
         store = memory[part]
         if call.in_place:
-            if not store.can_append(new.length):
-                now = alive(store.view(), call.start, call.query_begin[:, 0])
-                store = store.compacted(now, new.length)
+            begin = call.query_begin[:, 0]
+            store = store.with_room(new.length, lambda slots: alive(slots, call.start, begin))
             store = store.appended(new)
             return store.view(), store
         old = store.view()

@@ -16,11 +16,14 @@ still alive, not the maximum span L.
 
 Step mode appends one slot per step into spare capacity instead of re-allocating the
 memory, and compacts only when the spare capacity runs out; slots that died in between
-stay in place but are masked, which changes no output.
+stay in place but are masked, which changes no output. Spare slots hold an empty memory
+(position -1, zeros), so a step may attend over the whole buffer: its shapes then change
+only at a compaction.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -29,6 +32,7 @@ from torch import Tensor
 
 EMPTY = -1  # position of an empty slot
 SLOT_AXES = (1, 3, 2, 1, 1)  # the slot axis of each field of Slots
+EMPTY_SLOT = (0, 0, 0, EMPTY, 0)  # what each field of Slots holds in an empty slot
 MIN_SPARE_SLOTS = 32  # step mode: spare capacity left after a compaction, at least
 
 
@@ -116,12 +120,13 @@ class SlotStore:
     def of(cls, slots: Slots, spare: int = 0) -> SlotStore:
         """A store owning its own copy of ``slots``, with room for ``spare`` more."""
         buffer = []
-        for t, axis in zip(slots, SLOT_AXES, strict=True):
+        for t, axis, empty in zip(slots, SLOT_AXES, EMPTY_SLOT, strict=True):
             if t is not None and (spare or not _owns_storage(t)):
                 shape = list(t.shape)
                 shape[axis] += spare
                 grown = t.new_empty(shape)
                 grown.narrow(axis, 0, t.shape[axis]).copy_(t)
+                grown.narrow(axis, t.shape[axis], spare).fill_(empty)
                 t = grown
             buffer.append(t)
         return cls(Slots(*buffer), slots.length)
@@ -138,19 +143,34 @@ class SlotStore:
         writable = torch.is_inference_mode_enabled() or not self.buffer.position.is_inference()
         return writable and self._written[0] == self.length and self.length + n <= self.capacity
 
-    def compacted(self, alive: Tensor, spare: int) -> SlotStore:
-        """Delete the dead slots into a new buffer with at least ``spare`` free slots."""
-        kept = self.view().survivors(alive)
-        return SlotStore.of(kept, spare=max(spare, MIN_SPARE_SLOTS, kept.length // 2))
+    def with_room(self, n: int, alive: Callable[[Slots], Tensor]) -> SlotStore:
+        """This store if ``n`` slots can be appended in place, else its slots that are
+        ``alive`` (a function of the slots, (B, N) bool) in a new buffer with room for them."""
+        if self.can_append(n):
+            return self
+        kept = self.view().survivors(alive(self.view()))
+        return SlotStore.of(kept, spare=max(n, MIN_SPARE_SLOTS, kept.length // 2))
 
     def appended(self, new: Slots) -> SlotStore:
         """Write ``new`` after the last slot, in place (requires ``can_append``)."""
-        n = new.length
         for target, source, axis in zip(self.buffer, new, SLOT_AXES, strict=True):
             if target is not None:
-                target.narrow(axis, self.length, n).copy_(source)
+                target.narrow(axis, self.length, new.length).copy_(source)
+        return self.grown(new.length)
+
+    def grown(self, n: int) -> SlotStore:
+        """The store with ``n`` more slots, already written into its buffer after the last."""
         self._written[0] = self.length + n
         return SlotStore(self.buffer, self.length + n, self._written)
+
+
+def write_slot(buffer: Slots, slot: int, new: Slots) -> None:
+    """Write the one-slot ``new`` into slot ``slot`` of ``buffer``, in place (an indexed
+    write of the whole buffer, which torch.compile does in place)."""
+    index = torch.full((1,), slot, dtype=torch.long, device=buffer.position.device)
+    for target, source, axis in zip(buffer, new, SLOT_AXES, strict=True):
+        if target is not None:
+            target.index_copy_(axis, index, source)
 
 
 def _owns_storage(t: Tensor) -> bool:

@@ -9,7 +9,8 @@ Inputs are already-embedded vectors; outputs are final-normed hidden states.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,7 @@ from torch import Tensor, nn
 from memory.attention import MemoryAttention
 from memory.config import MemoryConfig
 from memory.kind import Call, Read, kind_classes
-from memory.store import LayerMemory, MemoryState, Slots
+from memory.store import LayerMemory, MemoryState, Slots, write_slot
 
 
 @dataclass
@@ -51,18 +52,39 @@ class MemoryLayer(nn.Module):
     ) -> tuple[Tensor, Read, Tensor | None]:
         """The layer's output, what its memory gave the attention, and the spans of the new
         memories (None for kinds without a span per memory)."""
-        x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
-        q, k, v = self.attention.project(x)
-        new = Slots(x, k, v, call.positions, self.kind.span(x))
+        q, new = self.memories(h, call)
         read = self.kind.read(self.attention, memory, new, call)
         keep = self.kind.learns_from_attention and torch.is_grad_enabled()
         attended, weights = self.attention(q, read.segments, read.width, read.window, keep)
         if weights is not None:
             usage = self.kind.attention_loss(weights, read.slots, call)
             read = read._replace(aux_loss=read.aux_loss + usage)
+        return self.feed_forward(h, attended), read, new.span
+
+    def step_in_buffer(
+        self, h: Tensor, buffer: Slots, slot: int, call: Call, whole: bool
+    ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """Step mode without gradients: writes the step's memory into slot ``slot`` of the
+        ``recent`` store's ``buffer`` and attends over the slots up to it, or with ``whole``
+        over the whole buffer, whose shapes change only when it is compacted (for
+        torch.compile; the slots after ``slot`` are empty). Returns the output, the count of
+        `Read` and the new memory's span."""
+        q, new = self.memories(h, call)
+        write_slot(buffer, slot, new)
+        slots = buffer if whole else buffer.narrow(0, slot + 1)
+        segment, count = self.kind.read_buffer(slots, call)
+        attended, _ = self.attention(q, [segment], slots.length, call.start - slots.position)
+        return self.feed_forward(h, attended), count, new.span
+
+    def memories(self, h: Tensor, call: Call) -> tuple[Tensor, Slots]:
+        """The queries of inputs ``h`` and the memories they write."""
+        x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
+        q, k, v = self.attention.project(x)
+        return q, Slots(x, k, v, call.positions, self.kind.span(x))
+
+    def feed_forward(self, h: Tensor, attended: Tensor) -> Tensor:
         h = h + self.residual(attended)
-        h = h + self.residual(self.ffn(self.ffn_norm(h)))
-        return h, read, new.span
+        return h + self.residual(self.ffn(self.ffn_norm(h)))
 
     def residual(self, branch: Tensor) -> Tensor:
         if self.dropout == 0:
@@ -87,6 +109,9 @@ class MemoryTransformer(nn.Module):
         self.cfg = cfg
         self.layers = nn.ModuleList(MemoryLayer(cfg) for _ in range(cfg.num_layers))
         self.final_norm = nn.LayerNorm(cfg.dim)
+        self.steps_in_buffers = all(layer.kind.steps_in_buffer for layer in self.layers)
+        # step mode without gradients through torch.compile (``compiled_layers_in_buffers``)
+        self.compile_step = False
 
     def initial_state(
         self, batch_size: int, device: torch.device | str | None = None
@@ -146,9 +171,52 @@ class MemoryTransformer(nn.Module):
                     f"got {tuple(episode_start.shape)}"
                 )
             episode_start = episode_start[:, None]
-        out = self._run(x[:, None], state, episode_start, in_place=not torch.is_grad_enabled())
+        if torch.is_grad_enabled() or not self.steps_in_buffers:
+            out = self._run(x[:, None], state, episode_start, in_place=not torch.is_grad_enabled())
+        else:
+            out = self._step_in_buffers(x[:, None], state, episode_start)
         out.hidden = out.hidden[:, 0]
         return out
+
+    def _step_in_buffers(
+        self, x: Tensor, state: MemoryState, episode_start: Tensor | None
+    ) -> CoreOutput:
+        """Step mode without gradients for kinds that step in their buffer: each layer
+        writes its memory into its store's buffer and attends over it, up to its last memory
+        or, with `compile_step`, whole: the shapes then change only when a buffer is
+        compacted, and torch.compile fuses the step."""
+        batch = x.shape[0]
+        call = self._call(state, batch, 1, episode_start, True, x.dtype)
+        begin = call.query_begin[:, 0]
+        memories = [
+            layer.kind.with_room(memory, state.time, begin)
+            for layer, memory in zip(self.layers, state.layers, strict=True)
+        ]
+        stores = [memory["recent"] for memory in memories]
+        run = compiled_layers_in_buffers() if self.compile_step else _layers_in_buffers
+        buffers = [store.buffer for store in stores]
+        slots = [store.length for store in stores]
+        call = replace(call, start=call.positions)  # a tensor: an input of a compiled step
+        try:
+            hidden, count, spans = run(self, x, buffers, slots, call)
+        except torch._dynamo.exc.BackendCompilerFailed as error:
+            raise RuntimeError(
+                "torch.compile could not compile the memory transformer's step on this machine "
+                f"({type(error).__name__}); step without it (train_rl.py: compile_acting=false)"
+            ) from error
+        layers = tuple(
+            memory.replace(recent=store.grown(1))
+            for memory, store in zip(memories, stores, strict=True)
+        )
+        new_state = MemoryState(state.time + 1, begin, layers)
+        zero = torch.zeros((), dtype=x.dtype, device=x.device)
+        return CoreOutput(hidden, new_state, zero, self._memory_size(count, batch), spans)
+
+    def _memory_size(self, count: Tensor, queries: int) -> float:
+        """Average memories seen per query and layer, from the count of keys seen by
+        ``queries`` queries over all layers."""
+        pairs = queries * len(self.layers)
+        return (float(count) - pairs) / pairs  # a query seeing itself is no memory
 
     def _run(
         self,
@@ -165,9 +233,7 @@ class MemoryTransformer(nn.Module):
             h, read, span = layer(h, memory, call)
             reads.append(read)
             spans.append(span)
-        count = sum(r.count for r in reads)
-        pairs = batch * length * len(self.layers)
-        memory_size = (float(count) - pairs) / pairs  # a query seeing itself is no memory
+        memory_size = self._memory_size(sum(r.count for r in reads), batch * length)
         new_state = MemoryState(call.next_time, call.next_begin, tuple(r.memory for r in reads))
         aux_loss = sum(r.aux_loss for r in reads)
         spans = None if spans[0] is None else tuple(span.detach() for span in spans)
@@ -210,3 +276,29 @@ class MemoryTransformer(nn.Module):
             dtype=dtype,
             offsets=torch.arange(length, device=device, dtype=dtype) if length > 1 else None,
         )
+
+
+def _layers_in_buffers(
+    core: MemoryTransformer,
+    x: Tensor,
+    buffers: list[Slots],
+    slots: list[int],
+    call: Call,
+    whole: bool = False,
+) -> tuple[Tensor, Tensor, tuple[Tensor, ...] | None]:
+    """The final-normed output of the core's layers for one step ``x`` (B, 1, dim), writing
+    each layer's memory into slot ``slots[l]`` of ``buffers[l]``; the count of keys seen,
+    and the spans of the new memories (None for kinds without). ``whole``: see
+    `MemoryLayer.step_in_buffer`."""
+    h, count, spans = x, 0, []
+    for layer, buffer, slot in zip(core.layers, buffers, slots, strict=True):
+        h, seen, span = layer.step_in_buffer(h, buffer, slot, call, whole)
+        count, spans = count + seen, spans + [span]
+    return core.final_norm(h), count, None if spans[0] is None else tuple(spans)
+
+
+@functools.cache
+def compiled_layers_in_buffers():
+    """`_layers_in_buffers` through torch.compile, with shapes symbolic: a compaction that
+    changes a buffer's length does not compile it again."""
+    return functools.partial(torch.compile(_layers_in_buffers, dynamic=True), whole=True)

@@ -105,6 +105,8 @@ def test_unroll_time_splits_an_update_and_counts_acting_flops():
     # layers, at least: 2 FLOPs per multiply-add
     assert timing["acting_mflops_per_step"] * 1e6 >= 4 * 2 * 2 * (4 * 16 * 16 + 2 * 16 * 32)
     assert timing["acting_floor_ms"] > 0 and timing["steps_per_s"] > 0
+    # the products replayed alone take less than acting, which calls them and more
+    assert timing["acting_threads"] == 1 and 0 < timing["acting_products_ms"] < parts["acting"]
     acting = timing["acting_profiled_ms"]
     assert acting["matrix_products"] > 0 and acting["other_ops"] > 0
     # at least each layer's q, k, v, output and two FFN products per step, and the heads

@@ -10,6 +10,8 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
+from agents.build import build_agent
+from envs.registry import make_env
 from memory import MemoryConfig
 from training.presets import PRESET_ENV_GROUP, describe_preset, file_settings, flattened
 
@@ -120,3 +122,12 @@ def test_memory_files_hold_only_their_kind_and_what_differs_from_the_schema():
         assert not same, f"{path.name} restates defaults: {same}"
     with pytest.raises(ConfigCompositionException, match="max_spam"):
         composed("memory.max_spam=9")
+
+
+@pytest.mark.parametrize("memory", ["expire_span", "gru"])
+def test_compile_acting_compiles_a_memory_transformers_step(memory):
+    cfg = composed(f"memory={memory}", "compile_acting=true")
+    env = make_env(cfg.env)
+    agent = build_agent(cfg, env.observation_space, env.action_space)
+    assert getattr(agent.core, "compile_step", False) is (memory == "expire_span")
+    assert composed().compile_acting is False
