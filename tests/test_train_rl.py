@@ -295,6 +295,33 @@ def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
     assert "checkpoint" in result.stderr and "empty" in result.stderr
 
 
+def test_resume_auto_continues_a_checkpoint_or_starts_the_run(tmp_path):
+    """resume=auto, what a stopped sweep's jobs are restarted with: a directory with a
+    checkpoint continues it (the lines it logged kept as they were), one whose run saved no
+    checkpoint starts over from step 0 (its lines deleted), an empty one starts a new run."""
+    args = [*TINY_RL, "agent.lr_schedule=constant", "eval.after_training=false", "resume=auto"]
+    run_dir, never_saved = tmp_path / "run", tmp_path / "never_saved"
+    result = run([*args, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    expected = [STEPS_PER_UPDATE * (u + 1) for u in range(4)]
+    assert steps_logged(run_dir) == expected[:2]
+    logged = (run_dir / "metrics.jsonl").read_text()
+    result = run([*args, f"total_steps={4 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    assert steps_logged(run_dir) == expected
+    assert (run_dir / "metrics.jsonl").read_text().startswith(logged)  # continued, not rerun
+
+    never_saved.mkdir()
+    (never_saved / "metrics.jsonl").write_text('{"step": 12345}\n')
+    result = run([*args, f"total_steps={4 * STEPS_PER_UPDATE}"], never_saved)
+    assert result.returncode == 0, result.stderr
+    assert steps_logged(never_saved) == expected
+
+    result = run([*TINY_RL, "resume=maybe"], tmp_path / "other")
+    assert result.returncode == 2 and "resume=maybe" in result.stderr and "auto" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_eval_reports_success_and_records_an_episode(tmp_path):
     run_dir = tmp_path / "run"
     result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)

@@ -31,7 +31,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from training.config import ConfigError, check_writable
+from training.config import ConfigError, check_choice, check_writable
 from training.files import atomic_open, remove_orphans, reporting_disk_full
 from training.metrics import METRICS_FILE, WANDB_ID_FILE
 from training.run_dir import (
@@ -48,6 +48,8 @@ from training.run_dir import (
 DIGEST_KEY = "sha256"  # the checkpoint's digest of the rest of its contents (content_digest)
 BEST_CHECKPOINT_FILE = "best.pt"  # the model at the best logged task metric (for evaluation)
 _SNAPSHOT = re.compile(r"checkpoint_(\d+)\.pt")
+RESUME_AUTO = "auto"  # resume=auto: continue the run directory's checkpoint, or start anew
+RESUME_CHOICES = (False, True, RESUME_AUTO)
 # Config fields a resumed run takes from the command line; the saved run's config wins for
 # every other field.
 RESUMABLE = (
@@ -199,21 +201,30 @@ def check_checkpoint_kind(checkpoint: Mapping[str, Any], key: str, path: Any, ot
 
 def resume_checkpoint(
     run_dir: str | os.PathLike,
-    resume: bool,
+    resume: bool | str,
     *,
     overwrite: bool = False,
     map_location: Any = "cpu",
 ) -> dict[str, Any] | None:
     """The checkpoint to continue from when `resume` is set (None otherwise).
 
-    A run directory without a checkpoint is a config error: the user asked to resume a run
-    that never saved one, or pointed hydra.run.dir at the wrong place. So is a new run in a
-    directory that already holds one, unless `overwrite` says to delete that run first.
+    With resume=true a run directory without a checkpoint is a config error: the user asked to
+    resume a run that never saved one, or pointed hydra.run.dir at the wrong place. So is a new
+    run in a directory that already holds one, unless `overwrite` says to delete that run
+    first. resume=auto continues the directory's checkpoint if it has one and otherwise starts
+    the run from step 0, deleting the files of a run that never saved one (a resume drops its
+    lines after the checkpoint, here all of them): a stopped sweep restarts with the same
+    command.
     """
     if resume and overwrite:
         raise ConfigError(
-            "resume=true continues the run that overwrite=true would delete: pick one"
+            f"resume={resume} continues the run that overwrite=true would delete: pick one"
         )
+    if resume == RESUME_AUTO:
+        checkpoint = load_checkpoint(run_dir, map_location=map_location)
+        if checkpoint is None:
+            delete_run(run_dir)
+        return checkpoint
     if not resume:
         if overwrite:
             delete_run(run_dir)
@@ -223,8 +234,8 @@ def resume_checkpoint(
     if checkpoint is None:
         raise ConfigError(
             f"resume=true but there is no {CHECKPOINT_FILE} in {Path(run_dir).resolve()}; "
-            "point hydra.run.dir at the directory of the run to resume, "
-            "or start a new run without resume=true"
+            "point hydra.run.dir at the directory of the run to resume, start a new run "
+            "without resume=true, or take either with resume=auto"
         )
     return checkpoint
 
@@ -272,8 +283,9 @@ def check_run_dir_argument(
     run_dir = Path(given[-1]).expanduser().absolute()
     refuse_claimed(run_dir)
     check_writable("hydra.run.dir", run_dir, directory=True)
-    if "resume=true" not in args:
-        if "overwrite=true" not in args:
+    auto = f"resume={RESUME_AUTO}" in args
+    if "resume=true" not in args and not (auto and (run_dir / CHECKPOINT_FILE).exists()):
+        if "overwrite=true" not in args and not auto:
             refuse_existing_run(run_dir)
         return
     checkpoint = resume_checkpoint(run_dir, resume=True)
@@ -343,6 +355,7 @@ def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
     """The config to train with and the checkpoint to continue from (None for a new run):
     with resume=true, the run directory's checkpoint and its run's config (`resumed_config`).
     Called before the config is checked, so that a resumed run is checked as it will run."""
+    check_choice("resume", cfg.resume, RESUME_CHOICES)
     overwrite = bool(cfg.get("overwrite", False))
     claim_run_dir(get_run_dir())  # before anything in it is read, deleted or written
     checkpoint = resume_checkpoint(get_run_dir(), cfg.resume, overwrite=overwrite)
