@@ -31,7 +31,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from training.config import ConfigError, check_choice, check_writable
+from training.config import ConfigError, check_writable
 from training.files import atomic_open, remove_orphans, reporting_disk_full
 from training.metrics import METRICS_FILE, WANDB_ID_FILE
 from training.run_dir import (
@@ -355,7 +355,11 @@ def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
     """The config to train with and the checkpoint to continue from (None for a new run):
     with resume=true, the run directory's checkpoint and its run's config (`resumed_config`).
     Called before the config is checked, so that a resumed run is checked as it will run."""
-    check_choice("resume", cfg.resume, RESUME_CHOICES)
+    if cfg.resume not in RESUME_CHOICES:
+        raise ConfigError(
+            f"resume={cfg.resume} is not a choice: resume=false starts a new run, resume=true "
+            "continues the run directory's checkpoint, resume=auto continues it if there is one"
+        )
     overwrite = bool(cfg.get("overwrite", False))
     claim_run_dir(get_run_dir())  # before anything in it is read, deleted or written
     checkpoint = resume_checkpoint(get_run_dir(), cfg.resume, overwrite=overwrite)
