@@ -193,6 +193,8 @@ class MemoryTransformer(nn.Module):
             for layer, memory in zip(self.layers, state.layers, strict=True)
         ]
         stores = [memory["recent"] for memory in memories]
+        if self.compile_step and x.device.type == "cpu":
+            refuse_unchecked_vectors()
         run = compiled_layers_in_buffers() if self.compile_step else _layers_in_buffers
         buffers = [store.buffer for store in stores]
         slots = [store.length for store in stores]
@@ -302,3 +304,18 @@ def compiled_layers_in_buffers():
     """`_layers_in_buffers` through torch.compile, with shapes symbolic: a compaction that
     changes a buffer's length does not compile it again."""
     return functools.partial(torch.compile(_layers_in_buffers, dynamic=True), whole=True)
+
+
+def refuse_unchecked_vectors() -> None:
+    """A one-line error unless torch.compile vectorizes the step for AVX-512, where it was
+    checked against the eager step: its AVX2 code for one thread gave NaN in torch 2.13
+    (tests/test_memory.py)."""
+    from torch._inductor import cpu_vec_isa  # (only where the step compiles)
+
+    isa = str(cpu_vec_isa.pick_vec_isa())
+    if not isa.startswith("avx512"):
+        raise RuntimeError(
+            f"compile_acting: torch.compile's step vectorized for {isa or 'no vector unit'} "
+            "was not checked against the eager step (for AVX2 it gave NaN); "
+            "step without it (train_rl.py: compile_acting=false)"
+        )

@@ -151,6 +151,10 @@ def fresh_compiler():
     torch._dynamo.reset()
 
 
+AVX512 = str(torch._inductor.cpu_vec_isa.pick_vec_isa()).startswith("avx512")
+
+
+@pytest.mark.skipif(not AVX512, reason="compile_acting is refused here (the next test)")
 @pytest.mark.parametrize("kind", ["expire_span", "transformer_xl", "adaptive_span"])
 def test_a_compiled_step_equals_the_eager_step(kind, fresh_compiler):
     """``compile_step``: every step goes through torch.compile and reads the whole buffer of
@@ -192,6 +196,20 @@ def test_a_step_that_cannot_compile_says_how_to_step_without(monkeypatch, fresh_
     with torch.no_grad(), pytest.raises(RuntimeError, match="compile_acting=false") as error:
         core.step(torch.randn(2, 16), core.initial_state(2))
     assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("isa", ["VecAVX2", "VecNEON"])
+def test_a_step_vectorized_for_an_unchecked_unit_is_refused(isa, monkeypatch):
+    """torch.compile's AVX2 code for the one-thread step gave NaN (torch 2.13): where the
+    step would compile for a vector unit other than AVX-512, compile_acting is refused in one
+    line that says how to step without it, before anything compiles."""
+    vectors = getattr(torch._inductor.cpu_vec_isa, isa)()
+    monkeypatch.setattr(torch._inductor.cpu_vec_isa, "pick_vec_isa", lambda: vectors)
+    core = make_core("expire_span")
+    core.compile_step = True
+    with torch.no_grad(), pytest.raises(RuntimeError, match="compile_acting=false") as error:
+        core.step(torch.randn(2, 16), core.initial_state(2))
+    assert "\n" not in str(error.value) and str(vectors) in str(error.value)
 
 
 def test_states_made_in_inference_mode_can_be_continued_and_trained_on():
