@@ -117,9 +117,11 @@ def claim_run_dir(run_dir: str | os.PathLike) -> None:
 
 
 def refuse_claimed(run_dir: str | os.PathLike) -> None:
-    """A config error if a live process holds `run_dir` (claim_run_dir); claims nothing."""
+    """A config error if a live process holds `run_dir` (claim_run_dir); claims nothing.
+    Under torchrun only rank 0 checks: the others find the directory claimed by rank 0."""
     run_dir = Path(run_dir).resolve()
-    if fcntl is not None and run_dir not in _claims and (run_dir / CLAIM_FILE).exists():
+    checks = fcntl is not None and not int(os.environ.get("RANK", 0)) and run_dir not in _claims
+    if checks and (run_dir / CLAIM_FILE).exists():
         _locked(run_dir).close()
 
 
