@@ -193,9 +193,7 @@ class MemoryTransformer(nn.Module):
             for layer, memory in zip(self.layers, state.layers, strict=True)
         ]
         stores = [memory["recent"] for memory in memories]
-        if self.compile_step and x.device.type == "cpu":
-            refuse_unchecked_vectors()
-        run = compiled_layers_in_buffers() if self.compile_step else _layers_in_buffers
+        run = compiled_layers_in_buffers(x.device.type) if self.compile_step else _layers_in_buffers
         buffers = [store.buffer for store in stores]
         slots = [store.length for store in stores]
         call = replace(call, start=call.positions)  # a tensor: an input of a compiled step
@@ -300,9 +298,12 @@ def _layers_in_buffers(
 
 
 @functools.cache
-def compiled_layers_in_buffers():
+def compiled_layers_in_buffers(device_type: str) -> functools.partial:
     """`_layers_in_buffers` through torch.compile, with shapes symbolic: a compaction that
-    changes a buffer's length does not compile it again."""
+    changes a buffer's length does not compile it again. Made once per device type, where
+    a CPU's vector unit is checked."""
+    if device_type == "cpu":
+        refuse_unchecked_vectors()
     return functools.partial(torch.compile(_layers_in_buffers, dynamic=True), whole=True)
 
 

@@ -10,6 +10,7 @@ import torch
 
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.store import EMPTY
+from memory.transformer import compiled_layers_in_buffers
 
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
 # every kind with eq. 4's renormalisation, and the soft masks without it
@@ -145,10 +146,12 @@ def test_kept_states_stay_valid_while_stepping_on():
 @pytest.fixture
 def fresh_compiler():
     """torch.compile without what earlier tests compiled (a function compiles again at most
-    a few times before it runs eagerly)."""
+    a few times before it runs eagerly), made again for the vector unit of the test."""
     torch._dynamo.reset()
+    compiled_layers_in_buffers.cache_clear()
     yield
     torch._dynamo.reset()
+    compiled_layers_in_buffers.cache_clear()
 
 
 AVX512 = str(torch._inductor.cpu_vec_isa.pick_vec_isa()).startswith("avx512")
@@ -199,7 +202,7 @@ def test_a_step_that_cannot_compile_says_how_to_step_without(monkeypatch, fresh_
 
 
 @pytest.mark.parametrize("isa", ["VecAVX2", "VecNEON"])
-def test_a_step_vectorized_for_an_unchecked_unit_is_refused(isa, monkeypatch):
+def test_a_step_vectorized_for_an_unchecked_unit_is_refused(isa, monkeypatch, fresh_compiler):
     """torch.compile's AVX2 code for the one-thread step gave NaN (torch 2.13): where the
     step would compile for a vector unit other than AVX-512, compile_acting is refused in one
     line that says how to step without it, before anything compiles."""
