@@ -4,17 +4,18 @@ a failure. A seed's trajectory changes with the CPU's kernels (AVX2 or AVX-512);
 seeds learn does not."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
+
+from scripts import script_env
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def train_on_seeds(args: list[str], seeds: tuple[int, ...], root: Path) -> dict[int, list[dict]]:
     """The metrics lines of one `train_rl.py ARGS seed=S` run per seed, run side by side."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "tests"))
+    env = script_env()
     runs = {}
     for seed in seeds:
         command = [sys.executable, str(ROOT / "train_rl.py"), *args, f"seed={seed}"]

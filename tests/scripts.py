@@ -1,6 +1,7 @@
 """The training scripts in the repository root, loaded as modules for in-process tests."""
 
 import importlib.util
+import os
 from pathlib import Path
 
 import training.run
@@ -15,6 +16,13 @@ def load_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def script_env() -> dict[str, str]:
+    """The environment of a training script run as a subprocess: one OpenMP thread (tests run
+    side by side), and this directory on the import path (its fake envs) before the caller's."""
+    path = os.pathsep.join(filter(None, [str(ROOT / "tests"), os.environ.get("PYTHONPATH")]))
+    return dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=path)
 
 
 def record_closing(monkeypatch) -> list[str]:

@@ -3,7 +3,6 @@ torch.distributions, clipping for the env only, a continuous task learned, the r
 observation statistics and their exact resume."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from agents.encoders import RunningNormaliser, make_encoder
 from agents.episodes import EpisodeStats
 from agents.play import Player
 from agents.recurrent import RecurrentCore
-from scripts import load_script
+from scripts import load_script, script_env
 from training import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,7 +30,7 @@ TARGET = ["env=gym", "env.id=fake_envs:Target-v0", "memory=gru", "memory.dim=16"
 
 def run(args, run_dir):
     """train_rl.py in a subprocess that can import the fake envs (this directory)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "tests"))
+    env = script_env()
     command = [sys.executable, str(ROOT / "train_rl.py"), *args, f"hydra.run.dir={run_dir}"]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
 

@@ -76,9 +76,13 @@ RUNS = {
 RECORDED = "rl"  # the run whose trained agent also records an episode
 
 
+# one thread, and the CPU: the kept outputs are the CPU's (a GPU's kernels round differently)
+PINNED = ["wandb.mode=disabled", "torch_threads=1", "device=cpu"]
+
+
 def run_script(script: str, args: list[str]) -> str:
     result = subprocess.run(
-        [sys.executable, str(ROOT / script), *args, "wandb.mode=disabled", "torch_threads=1"],
+        [sys.executable, str(ROOT / script), *args, *PINNED],
         capture_output=True,
         text=True,
         cwd=ROOT,

@@ -5,7 +5,6 @@ inputs, MMER, POPGym; and the word-window agent's parameters, which checkpoints 
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from agents.build import build_agent, build_core
 from agents.encoders import FlatEncoder
 from agents.play import resets_next_step
 from envs.registry import make_env, make_vector_env
-from scripts import load_script
+from scripts import load_script, script_env
 from training import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +32,7 @@ TWO_UPDATES = f"total_steps={2 * STEPS_PER_UPDATE}"
 
 def run(args, run_dir):
     """train_rl.py in a subprocess that can import the fake envs (this directory)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT / "tests"))
+    env = script_env()
     command = [sys.executable, str(ROOT / "train_rl.py"), *args, f"hydra.run.dir={run_dir}"]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
 

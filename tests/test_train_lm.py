@@ -322,11 +322,11 @@ def test_init_from_starts_a_finer_grid_from_the_coarse_grids_weights(
     task += [f"task.cache_dir={cache_dir}", "total_steps=2", "eval_tokens=512"]
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
     train_lm.train(compose_config(*SMALL, *task, "task.grid_size=4"), None)
-    coarse = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    coarse = torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)
     vocab = CollisionRules(grid_size=8).vocab
     model = train_lm.build_model(compose_config(*SMALL, *task), len(vocab))
     train_lm.transfer_weights(model, str(tmp_path), vocab)
-    fine = model.state_dict()
+    fine = {name: weight.cpu() for name, weight in model.state_dict().items()}
     for name in ("embedding.weight", "head.weight", "head.bias"):
         for token, source in [("x5", "x2"), ("y1", "y0"), ("?blue", "?blue"), ("quadrant3",) * 2]:
             row = fine[name][vocab.index(token)]
@@ -468,6 +468,7 @@ def test_torchrun_splits_the_rows_and_matches_one_process(tmp_path, cache_dir):
         "checkpoint_interval=2",
         "lr=3e-3",
         "eval.after_training=true",
+        "device=cpu",  # two processes: on CUDA, two GPUs
     ]
     launcher = (sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2")
     result = run(args, tmp_path / "two", launcher=launcher)

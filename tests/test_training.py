@@ -513,6 +513,18 @@ def test_single_process_without_torchrun(monkeypatch):
     assert all_reduce_mean({"return": 0.5, "loss": math.nan}, dist)["return"] == 0.5
 
 
+def test_a_rank_without_a_gpu_of_its_own_is_refused_in_one_line(monkeypatch):
+    """torchrun --nproc_per_node=2 on a machine with one GPU: rank 1 would ask for cuda:1."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(ConfigError, match="only 1 CUDA device") as error:
+        setup_distributed("auto")
+    assert "--nproc_per_node" in str(error.value) and "\n" not in str(error.value)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -93,6 +93,12 @@ def setup_distributed(device: str = "auto") -> DistInfo:
                 f"device={device} under torchrun: each process uses cuda:LOCAL_RANK; "
                 "use device=cuda (or auto) and choose GPUs with CUDA_VISIBLE_DEVICES"
             )
+        if local_rank >= torch.cuda.device_count():
+            raise ConfigError(
+                f"torchrun started local rank {local_rank} but only "
+                f"{torch.cuda.device_count()} CUDA device(s) are visible: start at most that "
+                "many processes per node (--nproc_per_node), or train on the CPU (device=cpu)"
+            )
         resolved = torch.device("cuda", local_rank)
         torch.cuda.set_device(resolved)
     info = DistInfo(rank=rank, world_size=world_size, local_rank=local_rank, device=resolved)
