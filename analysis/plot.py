@@ -32,9 +32,9 @@ A run's training time is the sum of its logged intervals (steps over steps per s
 runs only): checkpoints and evaluations are not counted.
 
 An RL run's last return is its last logged interval `return`. It *held* what it learned if no
-interval after its best (the first, if tied) is more than HOLD_TOLERANCE below it, in the
-metric's units (higher is better), judged on the metric's own series, or for MMER on the
-`return` series MMER is the running maximum of; LM runs leave both unknown.
+interval after it first came within PLATEAU of its best is more than HOLD_TOLERANCE below the
+best, in the metric's units (higher is better), judged on the metric's own series, or for
+MMER on the `return` series MMER is the running maximum of; LM runs leave both unknown.
 """
 
 from __future__ import annotations
@@ -68,6 +68,9 @@ RUNNING_MAXIMA = ("mmer",)  # the best so far: the last one counts too
 TEXT_TASKS = ("enwik8", "text")
 RETURN = "return"  # the interval mean episode return, the series MMER is the maximum of
 HOLD_TOLERANCE = 0.1  # POPGym returns are normalised and success is a rate: a tenth is a real drop
+# An interval within this of the best has reached it: a plateau's interval means differ by noise,
+# so its first interval, not the one that happens to round highest, is where the best begins.
+PLATEAU = 0.01
 # Config keys that do not change what a run learns; runs differing only in these (and the
 # seed) are repeats of one setting.
 BOOKKEEPING_KEYS = (
@@ -324,10 +327,12 @@ def training_minutes(records: list[dict[str, Any]]) -> float | None:
 
 
 def held_best(values: Sequence[float]) -> bool:
-    """Whether a learning series kept its best: no value after the best's first occurrence
-    more than HOLD_TOLERANCE below it (a run that peaks then collapses did not hold)."""
+    """Whether a learning series kept its best: no value after it first came within PLATEAU
+    of its best more than HOLD_TOLERANCE below the best (a run that peaks then collapses did
+    not hold, even if it climbs back to a value that rounds higher)."""
     best = max(values)
-    return all(best - value <= HOLD_TOLERANCE for value in values[values.index(best) + 1 :])
+    reached = next(i for i, value in enumerate(values) if best - value <= PLATEAU)
+    return all(best - value <= HOLD_TOLERANCE for value in values[reached + 1 :])
 
 
 def label_settings(results: Sequence[RunResult]) -> list[RunResult]:

@@ -348,6 +348,8 @@ def popgym_run(run_dir, seed, returns):
         ([0.2, 0.5, 0.8, 0.7, 0.6], False),  # MMER stays at 0.8, the returns do not
         ([0.2, 0.5, 0.8, 0.75, 0.78], True),  # 0.05 below the best: held
         ([0.8, 0.6, 0.8], False),  # judged after the best's first occurrence
+        ([0.795, 0.6, 0.8], False),  # and after its plateau's first interval, within 0.01
+        ([0.5, 0.75, 0.78, 0.8], True),  # a run still rising holds
     ],
 )
 def test_mmer_runs_are_held_on_their_return_series(tmp_path, returns, held):
