@@ -325,8 +325,8 @@ def test_overwrite_deletes_the_earlier_run_and_nothing_else(tmp_path):
 
 def test_a_run_dir_argument_that_cannot_hold_a_run_is_refused_before_hydra(tmp_path):
     """hydra.run.dir=PATH is checked before Hydra creates it: under a file, or aimed at an
-    earlier run without resume=true, it is a config error; a new run, or one that overwrites
-    the earlier run, is not."""
+    earlier run without resume=true, it is a config error; a new run, one that overwrites
+    the earlier run, or resume=auto (given or from a config file) is not."""
 
     def check(*args):
         configs = Path(__file__).parents[1] / "configs"
@@ -342,6 +342,8 @@ def test_a_run_dir_argument_that_cannot_hold_a_run_is_refused_before_hydra(tmp_p
     with pytest.raises(ConfigError, match="resume=true but there is no checkpoint.pt"):
         check(f"hydra.run.dir={tmp_path / 'run'}", "resume=true")
     check(f"hydra.run.dir={tmp_path / 'run'}", "overwrite=true")
+    check(f"hydra.run.dir={tmp_path / 'run'}", "resume=auto")
+    check(f"hydra.run.dir={tmp_path / 'run'}", "+sweep=suite")  # its config sets resume=auto
     check(f"hydra.run.dir={tmp_path / 'new' / 'run'}")
     check("hydra.run.dir=outputs/${now:%H-%M-%S}")  # Hydra makes it
 

@@ -283,21 +283,22 @@ def check_run_dir_argument(
     run_dir = Path(given[-1]).expanduser().absolute()
     refuse_claimed(run_dir)
     check_writable("hydra.run.dir", run_dir, directory=True)
-    auto = f"resume={RESUME_AUTO}" in args
-    if "resume=true" not in args and not (auto and (run_dir / CHECKPOINT_FILE).exists()):
-        if "overwrite=true" not in args and not auto:
-            refuse_existing_run(run_dir)
-        return
-    checkpoint = resume_checkpoint(run_dir, resume=True)
     overrides = [arg for arg in args if not arg.startswith("hydra.")]
-    budget = [arg.split("=", 1)[1] for arg in overrides if arg.startswith("total_steps=")]
-    if budget and budget[-1].isdigit():
-        check_resumed_budget(int(budget[-1]), checkpoint)
-    try:
+    try:  # resume and overwrite may come from a config file (+sweep=suite sets resume=auto)
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
             cfg = compose(config_name, overrides=overrides)
     except (HydraException, OmegaConfBaseException):
         return  # a malformed command line: Hydra reports it
+    resume = cfg.get("resume", False)
+    check_resume_choice(resume)
+    if resume == RESUME_AUTO and not (run_dir / CHECKPOINT_FILE).exists():
+        return  # a new run: the trainer deletes what a run that saved no checkpoint wrote
+    if not resume:
+        if not cfg.get("overwrite", False):
+            refuse_existing_run(run_dir)
+        return
+    checkpoint = resume_checkpoint(run_dir, resume=True)
+    check_resumed_budget(cfg.total_steps, checkpoint)
     check(resumed_config(cfg, checkpoint, overrides))
 
 
@@ -351,15 +352,20 @@ def resumed_config(cfg: DictConfig, checkpoint: Mapping, overrides: list[str]) -
     return saved
 
 
+def check_resume_choice(resume: Any) -> None:
+    """resume is one of RESUME_CHOICES: false, true or auto."""
+    if resume not in RESUME_CHOICES:
+        raise ConfigError(
+            f"resume={resume} is not a choice: resume=false starts a new run, resume=true "
+            "continues the run directory's checkpoint, resume=auto continues it if there is one"
+        )
+
+
 def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
     """The config to train with and the checkpoint to continue from (None for a new run):
     with resume=true, the run directory's checkpoint and its run's config (`resumed_config`).
     Called before the config is checked, so that a resumed run is checked as it will run."""
-    if cfg.resume not in RESUME_CHOICES:
-        raise ConfigError(
-            f"resume={cfg.resume} is not a choice: resume=false starts a new run, resume=true "
-            "continues the run directory's checkpoint, resume=auto continues it if there is one"
-        )
+    check_resume_choice(cfg.resume)
     overwrite = bool(cfg.get("overwrite", False))
     claim_run_dir(get_run_dir())  # before anything in it is read, deleted or written
     checkpoint = resume_checkpoint(get_run_dir(), cfg.resume, overwrite=overwrite)
