@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from gymnasium import spaces
 from torch import nn
 
+from agents.compiled_step import CompiledStep
 from agents.distributions import Gaussian, PolicyParams, sample
 from agents.encoders import make_encoder
 from memory import CoreOutput
@@ -127,6 +128,14 @@ class ActorCritic(nn.Module):
             nn.init.zeros_(layer.bias)
         nn.init.orthogonal_(self.value.weight, gain=1.0)
         nn.init.zeros_(self.value.bias)
+        self.compiled_step: CompiledStep | None = None  # `compile_acting`
+
+    def compile_acting(self) -> None:
+        """Act through `agents.compiled_step.CompiledStep`, compiled at the first step: a
+        memory transformer whose memories step in their buffers (not the compressive kind;
+        other cores act eagerly)."""
+        if getattr(self.core, "steps_in_buffers", False):
+            self.compiled_step = CompiledStep()
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu"):
         """The core's empty state."""
@@ -190,7 +199,12 @@ class ActorCritic(nn.Module):
         as many CPU threads as its few-row operations keep busy (`acting_threads`)."""
         width = self.value.in_features
         with acting_threads(episode_start.shape[0] * width):
-            out = self.core.step(self.encode(obs, episode_start, previous), state, episode_start)
+            compiled = self.compiled_step
+            if compiled is not None and compiled.handles(episode_start.shape[0], previous):
+                out = compiled(self, obs, state, episode_start, previous)
+            else:
+                x = self.encode(obs, episode_start, previous)
+                out = self.core.step(x, state, episode_start)
             policy = self.policy(out.hidden)
             action, log_prob = sample(policy, greedy)
             return action, log_prob, self.value(out.hidden).squeeze(-1), out

@@ -27,15 +27,15 @@ def build_core(memory_cfg: DictConfig) -> torch.nn.Module:
 def build_agent(cfg: DictConfig, obs_space: gym.Space, action_space: gym.Space) -> ActorCritic:
     """The actor-critic of a run's config (`memory`, and the env's previous-action and
     previous-reward inputs) for these spaces."""
-    core = build_core(cfg.memory)
-    if isinstance(core, MemoryTransformer):
-        core.compile_step = cfg.get("compile_acting", False)
-    return ActorCritic(
+    agent = ActorCritic(
         obs_space,
         action_space,
-        core,
+        build_core(cfg.memory),
         cfg.memory.dim,
         previous_action=cfg.env.get("previous_action", False),
         previous_reward=cfg.env.get("previous_reward", False),
         normalise_observations=cfg.env.get("normalise_observations", "auto"),
     )
+    if cfg.get("compile_acting", False):
+        agent.compile_acting()
+    return agent

@@ -189,8 +189,10 @@ def main() -> None:
 
     agent.eval()
     recorder = ProductRecorder()
+    compiled, agent.compiled_step = agent.compiled_step, None  # (its products are the eager's)
     with FlopCounterMode(display=False) as counter, recorder:
         act(player.obs, player.state, player.episode_start, player.previous)
+    agent.compiled_step = compiled
     flops = counter.get_total_flops()
     with acting_threads(cfg.num_envs * agent.value.in_features) as acting_on:
         rate = matrix_rate()

@@ -164,10 +164,11 @@ class SlotStore:
         return SlotStore(self.buffer, self.length + n, self._written)
 
 
-def write_slot(buffer: Slots, slot: int, new: Slots) -> None:
-    """Write the one-slot ``new`` into slot ``slot`` of ``buffer``, in place (an indexed
-    write of the whole buffer, which torch.compile does in place)."""
-    index = torch.full((1,), slot, dtype=torch.long, device=buffer.position.device)
+def write_slot(buffer: Slots, slot: int | Tensor, new: Slots) -> None:
+    """Write the one-slot ``new`` into slot ``slot`` (an int, or a 0-d tensor in a compiled
+    step) of ``buffer``, in place (an indexed write of the whole buffer, which a compiled
+    step does in place)."""
+    index = torch.as_tensor(slot, device=buffer.position.device).reshape(1)
     for target, source, axis in zip(buffer, new, SLOT_AXES, strict=True):
         if target is not None:
             target.index_copy_(axis, index, source)

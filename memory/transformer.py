@@ -9,7 +9,6 @@ Inputs are already-embedded vectors; outputs are final-normed hidden states.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, replace
 
 import torch
@@ -31,6 +30,18 @@ class CoreOutput:
     aux_loss: Tensor  # scalar: the kind's auxiliary loss for this call (0: none, or no gradients)
     memory_size: float  # average |C_t|: memories with m_ti > 0 per query, over queries and layers
     spans: tuple[Tensor, ...] | None = None  # per layer, e_i of the call's new memories (B, K)
+
+
+@dataclass
+class BufferStep:
+    """A step without gradients planned in the layers' buffers (`MemoryTransformer.plan_step`):
+    the state it leaves (its stores not yet grown by the step), where each layer writes its
+    memory, and the call every layer sees."""
+
+    state: MemoryState
+    buffers: list[Slots]
+    slots: list[int]  # the slot of each layer's buffer that the step writes
+    call: Call
 
 
 class MemoryLayer(nn.Module):
@@ -62,7 +73,7 @@ class MemoryLayer(nn.Module):
         return self.feed_forward(h, attended), read, new.span
 
     def step_in_buffer(
-        self, h: Tensor, buffer: Slots, slot: int, call: Call, whole: bool
+        self, h: Tensor, buffer: Slots, slot: int | Tensor, call: Call, whole: bool
     ) -> tuple[Tensor, Tensor, Tensor | None]:
         """Step mode without gradients: writes the step's memory into slot ``slot`` of the
         ``recent`` store's ``buffer`` and attends over the slots up to it, or with ``whole``
@@ -110,8 +121,6 @@ class MemoryTransformer(nn.Module):
         self.layers = nn.ModuleList(MemoryLayer(cfg) for _ in range(cfg.num_layers))
         self.final_norm = nn.LayerNorm(cfg.dim)
         self.steps_in_buffers = all(layer.kind.steps_in_buffer for layer in self.layers)
-        # step mode without gradients through torch.compile (``compiled_layers_in_buffers``)
-        self.compile_step = False
 
     def initial_state(
         self, batch_size: int, device: torch.device | str | None = None
@@ -182,35 +191,41 @@ class MemoryTransformer(nn.Module):
         self, x: Tensor, state: MemoryState, episode_start: Tensor | None
     ) -> CoreOutput:
         """Step mode without gradients for kinds that step in their buffer: each layer
-        writes its memory into its store's buffer and attends over it, up to its last memory
-        or, with `compile_step`, whole: the shapes then change only when a buffer is
-        compacted, and torch.compile fuses the step."""
-        batch = x.shape[0]
-        call = self._call(state, batch, 1, episode_start, True, x.dtype)
+        writes its memory into its store's buffer and attends over it up to its last memory."""
+        plan = self.plan_step(state, x.shape[0], episode_start, x.dtype)
+        hidden, count, spans = layers_in_buffers(self, x, plan.buffers, plan.slots, plan.call)
+        return self.planned_output(plan, hidden, count, spans)
+
+    def plan_step(
+        self, state: MemoryState, batch: int, episode_start: Tensor | None, dtype: torch.dtype
+    ) -> BufferStep:
+        """Where a step without gradients of ``batch`` inputs from ``state`` writes each
+        layer's memory (a store with room for it) and the call every layer sees;
+        `planned_output` finishes it."""
+        call = self._call(state, batch, 1, episode_start, True, dtype)
         begin = call.query_begin[:, 0]
         memories = [
             layer.kind.with_room(memory, state.time, begin)
             for layer, memory in zip(self.layers, state.layers, strict=True)
         ]
         stores = [memory["recent"] for memory in memories]
-        run = compiled_layers_in_buffers(x.device.type) if self.compile_step else _layers_in_buffers
-        buffers = [store.buffer for store in stores]
-        slots = [store.length for store in stores]
-        call = replace(call, start=call.positions)  # a tensor: an input of a compiled step
-        try:
-            hidden, count, spans = run(self, x, buffers, slots, call)
-        except torch._dynamo.exc.BackendCompilerFailed as error:
-            raise RuntimeError(
-                "torch.compile could not compile the memory transformer's step on this machine "
-                f"({type(error).__name__}); step without it (train_rl.py: compile_acting=false)"
-            ) from error
-        layers = tuple(
-            memory.replace(recent=store.grown(1))
-            for memory, store in zip(memories, stores, strict=True)
+        return BufferStep(
+            state=MemoryState(state.time + 1, begin, tuple(memories)),
+            buffers=[store.buffer for store in stores],
+            slots=[store.length for store in stores],
+            call=replace(call, start=call.positions),  # a tensor: an input of a compiled step
         )
-        new_state = MemoryState(state.time + 1, begin, layers)
-        zero = torch.zeros((), dtype=x.dtype, device=x.device)
-        return CoreOutput(hidden, new_state, zero, self._memory_size(count, batch), spans)
+
+    def planned_output(
+        self, plan: BufferStep, hidden: Tensor, count: Tensor, spans: tuple[Tensor, ...] | None
+    ) -> CoreOutput:
+        """The output of the step ``plan``, whose layers gave ``hidden`` (B, 1, dim), the
+        ``count`` of keys seen and the new memories' ``spans``."""
+        state = plan.state
+        layers = tuple(memory.replace(recent=memory["recent"].grown(1)) for memory in state.layers)
+        zero = torch.zeros((), dtype=hidden.dtype, device=hidden.device)
+        memory_size = self._memory_size(count, hidden.shape[0])
+        return CoreOutput(hidden, replace(state, layers=layers), zero, memory_size, spans)
 
     def _memory_size(self, count: Tensor, queries: int) -> float:
         """Average memories seen per query and layer, from the count of keys seen by
@@ -278,11 +293,11 @@ class MemoryTransformer(nn.Module):
         )
 
 
-def _layers_in_buffers(
+def layers_in_buffers(
     core: MemoryTransformer,
     x: Tensor,
     buffers: list[Slots],
-    slots: list[int],
+    slots: list[int] | list[Tensor],
     call: Call,
     whole: bool = False,
 ) -> tuple[Tensor, Tensor, tuple[Tensor, ...] | None]:
@@ -295,28 +310,3 @@ def _layers_in_buffers(
         h, seen, span = layer.step_in_buffer(h, buffer, slot, call, whole)
         count, spans = count + seen, spans + [span]
     return core.final_norm(h), count, None if spans[0] is None else tuple(spans)
-
-
-@functools.cache
-def compiled_layers_in_buffers(device_type: str) -> functools.partial:
-    """`_layers_in_buffers` through torch.compile, with shapes symbolic: a compaction that
-    changes a buffer's length does not compile it again. Made once per device type, where
-    a CPU's vector unit is checked."""
-    if device_type == "cpu":
-        refuse_unchecked_vectors()
-    return functools.partial(torch.compile(_layers_in_buffers, dynamic=True), whole=True)
-
-
-def refuse_unchecked_vectors() -> None:
-    """A one-line error unless torch.compile vectorizes the step for AVX-512, where it was
-    checked against the eager step: its AVX2 code for one thread gave NaN in torch 2.13
-    (tests/test_memory.py)."""
-    from torch._inductor import cpu_vec_isa  # (only where the step compiles)
-
-    isa = str(cpu_vec_isa.pick_vec_isa())
-    if not isa.startswith("avx512"):
-        raise RuntimeError(
-            f"compile_acting: torch.compile's step vectorized for {isa or 'no vector unit'} "
-            "was not checked against the eager step (for AVX2 it gave NaN); "
-            "step without it (train_rl.py: compile_acting=false)"
-        )

@@ -1,5 +1,6 @@
 """The actor-critic agent: its learners' formulas and that block mode replays step mode."""
 
+import copy
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,15 @@ from gymnasium import spaces
 from omegaconf import OmegaConf
 from torch.distributions import Categorical, kl_divergence
 
-from agents import BASELINE_KINDS, RECURRENT_KINDS, ActorCritic, FeedForwardCore, RecurrentCore
+from agents import (
+    BASELINE_KINDS,
+    RECURRENT_KINDS,
+    ActorCritic,
+    FeedForwardCore,
+    RecurrentCore,
+    compiled_step,
+)
+from agents.compiled_step import CHECKED_VECTOR_UNITS
 from agents.distributions import log_prob_and_entropy, policy_kl, sample
 from agents.learners import (
     PolicyAnchor,
@@ -26,13 +35,16 @@ from agents.recurrent import GRULayers, RecurrentState
 from analysis.span_drift import drift_split
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.expire_span import SpanPredictor
+from memory.store import EMPTY
 
 OBS_SHAPE = (3, 3, 7)
 WINDOW = spaces.Box(0, 1, OBS_SHAPE, np.uint8)  # a MazeBase word window
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_agent(kind: str) -> ActorCritic:
+def make_agent(kind: str, previous: bool = False) -> ActorCritic:
+    """A small agent with memory ``kind``; with ``previous``, it sees its previous action and
+    reward."""
     torch.manual_seed(0)
     if kind in RECURRENT_KINDS:
         core = RecurrentCore(dim=32, kind=kind)
@@ -44,7 +56,7 @@ def make_agent(kind: str) -> ActorCritic:
                 kind=kind, dim=32, num_heads=2, ffn_dim=64, max_span=12, block_len=8, ramp=4
             )
         )
-    return ActorCritic(WINDOW, spaces.Discrete(4), core, dim=32)
+    return ActorCritic(WINDOW, spaces.Discrete(4), core, 32, previous, previous)
 
 
 def discounted_return(rewards, dones, bootstrap, gamma):
@@ -407,6 +419,87 @@ def test_block_mode_replays_what_step_mode_did(kind):
         torch.testing.assert_close(
             log_probs.squeeze(-1), torch.stack(acted_log_probs, 1), atol=1e-5, rtol=0
         )
+
+
+CHECKED = str(torch._inductor.cpu_vec_isa.pick_vec_isa()).startswith(CHECKED_VECTOR_UNITS)
+
+
+@pytest.mark.skipif(not CHECKED, reason="compile_acting is refused here (the next test)")
+@pytest.mark.parametrize("kind", ["expire_span", "transformer_xl"])
+def test_a_compiled_step_acts_as_the_eager_step(kind):
+    """compile_acting: the step compiled ahead of time reads the whole buffer of each layer,
+    whose slots after the last memory are empty. From the same random numbers it takes the
+    eager step's actions with its log-probabilities, values, memory sizes and memories, through
+    episode starts, the previous action and reward, compactions that change the buffers'
+    lengths, and an update of the weights in place; another batch size acts eagerly."""
+    eager = make_agent(kind, previous=True).eval()
+    compiled = copy.deepcopy(eager)
+    compiled.compile_acting()
+    B, T = 3, 60
+    rng = np.random.default_rng(2)
+    obs = torch.as_tensor(rng.integers(0, 2, size=(B, T, *OBS_SHAPE)), dtype=torch.uint8)
+    starts = torch.as_tensor(rng.random((B, T)) < 0.05)
+    rewards = torch.as_tensor(rng.random((B, T)), dtype=torch.float32)
+    states = [agent.initial_state(B) for agent in (eager, compiled)]
+    action, capacities = torch.zeros(B, dtype=torch.long), set()
+    for t in range(T):
+        if t == T // 2:  # an update: the compiled step reads the weights as they are now
+            with torch.no_grad():
+                for one, other in zip(eager.parameters(), compiled.parameters(), strict=True):
+                    change = 0.05 * torch.randn_like(one)
+                    one.add_(change)
+                    other.add_(change)
+        acted = []
+        for index, agent in enumerate((eager, compiled)):
+            torch.manual_seed(t)
+            acted.append(agent.act(obs[:, t], states[index], starts[:, t], (action, rewards[:, t])))
+            states[index] = acted[-1][3].state
+        (action, *scores, out), (compiled_action, *compiled_scores, compiled_out) = acted
+        assert torch.equal(compiled_action, action)
+        torch.testing.assert_close(compiled_scores, scores, atol=1e-5, rtol=0)  # log-prob, value
+        assert compiled_out.memory_size == pytest.approx(out.memory_size, abs=1e-6)
+        capacities.add(states[1].layers[0]["recent"].capacity)
+    assert len(capacities) > 1  # compactions changed the buffer's length
+    for layer, eager_layer in zip(states[1].layers, states[0].layers, strict=True):
+        store, eager_store = layer["recent"], eager_layer["recent"]
+        assert torch.equal(store.view().position, eager_store.view().position)
+        torch.testing.assert_close(store.view().values, eager_store.view().values)
+        spare = store.buffer.narrow(0, store.capacity).position[:, store.length :]
+        assert (spare == EMPTY).all() and store.capacity > store.length
+    assert compiled.compiled_step.signature == (B, True)
+    two = torch.tensor([0, 2])
+    values = [
+        agent.act(obs[two, 0], state.select(two), starts[two, 0])[2]  # compiled: eagerly
+        for agent, state in zip((eager, compiled), states, strict=True)
+    ]
+    torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=0)
+
+
+def test_a_step_that_cannot_compile_says_how_to_act_without(monkeypatch):
+    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("no-such-compiler",))
+    monkeypatch.setattr(compiled_step, "refuse_unchecked_vectors", lambda: None)
+    agent = make_agent("expire_span").eval()
+    agent.compile_acting()
+    obs = torch.zeros(2, *OBS_SHAPE, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="compile_acting=false") as error:
+        agent.act(obs, agent.initial_state(2), torch.ones(2, dtype=torch.bool))
+    assert "\n" not in str(error.value)
+
+
+@pytest.mark.parametrize("isa", ["VecNEON", "VecVSX"])
+def test_a_step_vectorized_for_an_unchecked_unit_is_refused(isa, monkeypatch):
+    """The step compiled for AVX-512 and AVX2 was checked against the eager step (above; CI
+    runs both), and torch.compile's code for AVX2 once gave NaN: for any other vector unit,
+    compile_acting is refused in one line that says how to act without it, before anything
+    compiles."""
+    vectors = getattr(torch._inductor.cpu_vec_isa, isa)()
+    monkeypatch.setattr(torch._inductor.cpu_vec_isa, "pick_vec_isa", lambda: vectors)
+    agent = make_agent("expire_span").eval()
+    agent.compile_acting()
+    obs = torch.zeros(2, *OBS_SHAPE, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="compile_acting=false") as error:
+        agent.act(obs, agent.initial_state(2), torch.ones(2, dtype=torch.bool))
+    assert "\n" not in str(error.value) and str(vectors) in str(error.value)
 
 
 @pytest.mark.parametrize("kind", RECURRENT_KINDS)

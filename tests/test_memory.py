@@ -9,8 +9,6 @@ import pytest
 import torch
 
 from memory import MemoryConfig, MemoryTransformer, kind_names
-from memory.store import EMPTY
-from memory.transformer import compiled_layers_in_buffers
 
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
 # every kind with eq. 4's renormalisation, and the soft masks without it
@@ -141,78 +139,6 @@ def test_kept_states_stay_valid_while_stepping_on():
         assert (core(x[:, 20:], kept).hidden - expected).abs().max() == 0
         stepped, _ = run_steps(core, x[:, 20:], none, kept)
     assert (stepped - expected).abs().max() < TOLERANCE
-
-
-@pytest.fixture
-def fresh_compiler():
-    """torch.compile without what earlier tests compiled (a function compiles again at most
-    a few times before it runs eagerly), made again for the vector unit of the test."""
-    torch._dynamo.reset()
-    compiled_layers_in_buffers.cache_clear()
-    yield
-    torch._dynamo.reset()
-    compiled_layers_in_buffers.cache_clear()
-
-
-AVX512 = str(torch._inductor.cpu_vec_isa.pick_vec_isa()).startswith("avx512")
-
-
-@pytest.mark.skipif(not AVX512, reason="compile_acting is refused here (the next test)")
-@pytest.mark.parametrize("kind", ["expire_span", "transformer_xl", "adaptive_span"])
-def test_a_compiled_step_equals_the_eager_step(kind, fresh_compiler):
-    """``compile_step``: every step goes through torch.compile and reads the whole buffer of
-    each layer, whose slots after the last memory are empty; it gives the eager step's
-    outputs, memory sizes and memories, through episode starts and compactions that change
-    the buffers' lengths."""
-    core = make_core(kind)
-    assert core.steps_in_buffers
-    x = torch.randn(3, 60, 16)
-    starts = episode_starts(3, 60)
-    runs = []
-    with torch.no_grad():
-        for compiled in (False, True):
-            core.compile_step = compiled
-            state, outputs, sizes, capacities = core.initial_state(3), [], [], set()
-            for t in range(60):
-                out = core.step(x[:, t], state, starts[:, t])
-                state = out.state
-                outputs.append(out.hidden)
-                sizes.append(out.memory_size)
-                capacities.add(state.layers[0]["recent"].capacity)
-            runs.append((torch.stack(outputs, 1), sizes, state, capacities))
-    (eager, eager_sizes, eager_state, _), (compiled, sizes, state, capacities) = runs
-    assert len(capacities) > 1  # compactions changed the buffer's length
-    assert (compiled - eager).abs().max() < TOLERANCE
-    assert sizes == pytest.approx(eager_sizes, abs=1e-6)
-    for layer, eager_layer in zip(state.layers, eager_state.layers, strict=True):
-        store, eager_store = layer["recent"], eager_layer["recent"]
-        assert torch.equal(store.view().position, eager_store.view().position)
-        spare = store.buffer.narrow(0, store.capacity).position[:, store.length :]
-        assert (spare == EMPTY).all() and store.capacity > store.length
-        assert (store.buffer.values[:, :, store.length :] == 0).all()
-
-
-def test_a_step_that_cannot_compile_says_how_to_step_without(monkeypatch, fresh_compiler):
-    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("no-such-compiler",))
-    core = make_core("expire_span")
-    core.compile_step = True
-    with torch.no_grad(), pytest.raises(RuntimeError, match="compile_acting=false") as error:
-        core.step(torch.randn(2, 16), core.initial_state(2))
-    assert "\n" not in str(error.value)
-
-
-@pytest.mark.parametrize("isa", ["VecAVX2", "VecNEON"])
-def test_a_step_vectorized_for_an_unchecked_unit_is_refused(isa, monkeypatch, fresh_compiler):
-    """torch.compile's AVX2 code for the one-thread step gave NaN (torch 2.13): where the
-    step would compile for a vector unit other than AVX-512, compile_acting is refused in one
-    line that says how to step without it, before anything compiles."""
-    vectors = getattr(torch._inductor.cpu_vec_isa, isa)()
-    monkeypatch.setattr(torch._inductor.cpu_vec_isa, "pick_vec_isa", lambda: vectors)
-    core = make_core("expire_span")
-    core.compile_step = True
-    with torch.no_grad(), pytest.raises(RuntimeError, match="compile_acting=false") as error:
-        core.step(torch.randn(2, 16), core.initial_state(2))
-    assert "\n" not in str(error.value) and str(vectors) in str(error.value)
 
 
 def test_states_made_in_inference_mode_can_be_continued_and_trained_on():

@@ -129,5 +129,5 @@ def test_compile_acting_compiles_a_memory_transformers_step(memory):
     cfg = composed(f"memory={memory}", "compile_acting=true")
     env = make_env(cfg.env)
     agent = build_agent(cfg, env.observation_space, env.action_space)
-    assert getattr(agent.core, "compile_step", False) is (memory == "expire_span")
+    assert (agent.compiled_step is not None) is (memory == "expire_span")
     assert composed().compile_acting is False

@@ -1,0 +1,168 @@
+"""Acting compiled ahead of time (``compile_acting=true``): the agent's encoder and its memory
+transformer's layers for one step, exported once (`torch.export`) and compiled by AOTInductor
+into a library that a C++ runner calls, without torch.compile's per-call guards and Python.
+
+The step writes each layer's memory into its store's buffer and attends over the whole buffer,
+whose spare slots hold an empty memory (position -1, masked), so its inputs change shape only
+when a buffer is compacted: each layer's buffer length is a dynamic dimension of the export.
+The weights are inputs of the compiled step, not constants compiled into it, so an update
+(in place) is what the next step reads. The policy and value heads and sampling stay eager:
+acting samples the same actions from the same random numbers as without it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+from torch.utils._pytree import TreeSpec, tree_leaves, tree_map, tree_unflatten, treespec_loads
+
+from memory import CoreOutput, MemoryState
+from memory.kind import Call
+from memory.store import SLOT_AXES, Slots
+from memory.transformer import layers_in_buffers
+
+if TYPE_CHECKING:
+    from agents.actor_critic import ActorCritic, Previous
+
+
+CHECKED_VECTOR_UNITS = ("avx512", "avx2")  # as torch's inductor names them
+
+
+class _EncodeAndStep(nn.Module):
+    """What is compiled: the agent's encoder, then the core's layers writing into and reading
+    the whole of their buffers; returns the core's hidden state (B, dim), the count of keys
+    seen and the new memories' spans."""
+
+    def __init__(self, agent: ActorCritic) -> None:
+        super().__init__()
+        self.agent = agent
+
+    def forward(self, obs, episode_start, previous, buffers, slots, positions, query_begin, begin):
+        x = self.agent.encode(obs, episode_start, previous)
+        call = Call(positions, positions, query_begin, begin, True, False, x.dtype, None)
+        hidden, count, spans = layers_in_buffers(
+            self.agent.core, x[:, None], [Slots(*b) for b in buffers], list(slots), call, True
+        )
+        return hidden[:, 0], count, spans
+
+
+class _WeightsAsInputs(nn.Module):
+    """``step`` with its parameters and buffers passed in (`torch.func.functional_call`), so
+    that the export reads them as inputs rather than compiling their values in."""
+
+    def __init__(self, step: nn.Module) -> None:
+        super().__init__()
+        self.step = step
+
+    def forward(self, weights: dict[str, torch.Tensor], inputs: tuple) -> Any:
+        return torch.func.functional_call(self.step, weights, inputs)
+
+
+class CompiledStep:
+    """The agent's step in step mode without gradients (`ActorCritic.act` with
+    ``compile_acting``), compiled at its first call for that call's batch size and kind of
+    input; a step of another batch size (a few environments' final values) runs eagerly.
+    A copy of the agent (`copy.deepcopy`) starts uncompiled."""
+
+    def __init__(self) -> None:
+        self.runner: Any = None
+        self.signature: tuple | None = None  # (batch size, previous given) it was compiled for
+        self.weights: list[torch.Tensor] = []  # its parameters and buffers, as it takes them
+        self.outputs: TreeSpec | None = None
+
+    def __deepcopy__(self, memo: dict) -> CompiledStep:
+        return CompiledStep()
+
+    def handles(self, batch: int, previous: Previous | None) -> bool:
+        """Whether a step of ``batch`` environments runs compiled (the first one compiles)."""
+        return self.signature in (None, (batch, previous is not None))
+
+    def __call__(
+        self,
+        agent: ActorCritic,
+        obs: Any,
+        state: MemoryState,
+        episode_start: torch.Tensor,
+        previous: Previous | None,
+    ) -> CoreOutput:
+        """The core's output for one step, as ``agent.core.step(agent.encode(...))``."""
+        core = agent.core
+        batch = episode_start.shape[0]
+        plan = core.plan_step(state, batch, episode_start[:, None], agent.value.weight.dtype)
+        slots = tuple(torch.tensor(slot, device=state.device) for slot in plan.slots)
+        call = plan.call
+        inputs = (
+            obs,
+            episode_start,
+            previous,
+            tuple(tuple(buffer) for buffer in plan.buffers),  # (plain tuples: export's inputs)
+            slots,
+            call.positions,
+            call.query_begin,
+            call.memory_begin,
+        )
+        if self.runner is None:
+            self.compile(agent, inputs)
+            self.signature = (batch, previous is not None)
+        # (the runner's own call reads its input and output layouts from JSON every time)
+        tensors = [leaf for leaf in tree_leaves(inputs) if leaf is not None]  # (no span: None)
+        outputs = self.runner.loader.boxed_run([*self.weights, *tensors])
+        hidden, count, spans = tree_unflatten(outputs, self.outputs)
+        return core.planned_output(plan, hidden, count, spans)
+
+    def compile(self, agent: ActorCritic, inputs: tuple) -> None:
+        """Compiles ``_EncodeAndStep`` for inputs like ``inputs``: its runner, its weights in
+        the order it takes them, and the layout of its outputs."""
+        if inputs[1].device.type == "cpu":
+            refuse_unchecked_vectors()
+        step = _EncodeAndStep(agent)
+        weights = {**dict(step.named_parameters()), **dict(step.named_buffers())}
+        buffers = tuple(
+            tuple(
+                None if part is None else {axis: torch.export.Dim(f"slots_{layer}", min=2)}
+                for part, axis in zip(buffer, SLOT_AXES, strict=True)
+            )
+            for layer, buffer in enumerate(inputs[3])
+        )
+        static = [tree_map(lambda _: None, part) for part in inputs]
+        dynamic = (*static[:3], buffers, *static[4:])
+        try:
+            with warnings.catch_warnings(), tempfile.TemporaryDirectory() as folder:
+                warnings.simplefilter("ignore", (FutureWarning, DeprecationWarning))  # torch's
+                exported = torch.export.export(
+                    _WeightsAsInputs(step),
+                    (weights, inputs),
+                    dynamic_shapes=(dict.fromkeys(weights), dynamic),
+                    strict=False,
+                )
+                path = torch._inductor.aoti_compile_and_package(
+                    exported, package_path=str(Path(folder) / "step.pt2")
+                )
+                self.runner = torch._inductor.aoti_load_package(path)
+        except Exception as error:  # the compiler's errors are many and long
+            raise RuntimeError(
+                "compile_acting could not compile the agent's step on this machine "
+                f"({type(error).__name__}); act without it (train_rl.py: compile_acting=false)"
+            ) from error
+        self.weights = tree_leaves(weights)
+        self.outputs = treespec_loads(self.runner.loader.get_call_spec()[1])
+
+
+def refuse_unchecked_vectors() -> None:
+    """A one-line error unless the compiler vectorizes the step for x86's AVX-512 or AVX2, the
+    units where it was checked against the eager step (tests/test_agent.py, on both): torch
+    2.13's torch.compile gave NaN for AVX2 at one thread, so an unchecked unit is refused."""
+    from torch._inductor import cpu_vec_isa  # (only where the step compiles)
+
+    isa = str(cpu_vec_isa.pick_vec_isa())
+    if not isa.startswith(CHECKED_VECTOR_UNITS):
+        raise RuntimeError(
+            f"compile_acting: the step vectorized for {isa or 'no vector unit'} was not "
+            "checked against the eager step (only AVX-512 and AVX2 were); act without it "
+            "(train_rl.py: compile_acting=false)"
+        )
