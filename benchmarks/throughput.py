@@ -11,7 +11,7 @@ Each setting runs a trainer with its defaults (every core) in a fresh process:
 - ``corridor_a2c``: the paper's learner, `preset=paper` (A2C, 64 environments, one RMSProp
   step per unroll of 6,400 steps);
 - ``corridor_compiled``, ``corridor_a2c_compiled``: ``corridor_start`` and ``corridor_a2c``
-  acting through torch.compile (`compile_acting=true`; a reference without the setting runs
+  acting through a compiled step (`compile_acting=true`; a reference without the setting runs
   them as it acts);
 - ``corridor_transformer_xl``, ``corridor_gru``, ``corridor_lstm``: the default with another
   memory (Transformer-XL of span 50);
