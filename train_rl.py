@@ -33,6 +33,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agents import BASELINE_KINDS, ActorCritic
 from agents.build import build_agent, build_core
+from agents.compiled_step import refuse_unchecked_target
 from agents.encoders import NORMALISE
 from agents.episodes import EpisodeStats
 from agents.evaluation import evaluate_agent, record_episode
@@ -74,6 +75,7 @@ from training import (
     rank_seed,
     read_metrics,
     refuse_added_keys,
+    resolve_device,
     restore_rng_state,
     resumed_run,
     save_checkpoint,
@@ -136,6 +138,11 @@ def check_config(cfg: DictConfig) -> None:
             "minibatch holds whole environment sequences, so use at most one per environment"
         )
     check_wandb_config(cfg.wandb)
+    if cfg.compile_acting:
+        try:
+            refuse_unchecked_target(resolve_device(cfg.device))
+        except RuntimeError as error:
+            raise ConfigError(str(error)) from None
     if env.any_gym_id:
         check_choice("env.vectorization", cfg.env.vectorization, VECTORIZATIONS)
         check_choice("env.normalise_observations", cfg.env.normalise_observations, NORMALISE)

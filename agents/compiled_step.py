@@ -118,8 +118,7 @@ class CompiledStep:
     def compile(self, agent: ActorCritic, inputs: tuple) -> None:
         """Compiles ``_EncodeAndStep`` for inputs like ``inputs``: its runner, its weights in
         the order it takes them, and the layout of its outputs."""
-        if inputs[1].device.type == "cpu":
-            refuse_unchecked_vectors()
+        refuse_unchecked_target(inputs[1].device)
         step = _EncodeAndStep(agent)
         weights = {**dict(step.named_parameters()), **dict(step.named_buffers())}
         buffers = tuple(
@@ -153,10 +152,18 @@ class CompiledStep:
         self.outputs = treespec_loads(self.runner.loader.get_call_spec()[1])
 
 
-def refuse_unchecked_vectors() -> None:
-    """A one-line error unless the compiler vectorizes the step for x86's AVX-512 or AVX2, the
-    units where it was checked against the eager step (tests/test_agent.py, on both): torch
-    2.13's torch.compile gave NaN for AVX2 at one thread, so an unchecked unit is refused."""
+def refuse_unchecked_target(device: torch.device) -> None:
+    """A one-line error unless the step compiles for x86's AVX-512 or AVX2, the targets where
+    it was checked against the eager step (tests/test_agent.py, on both). Elsewhere it is
+    refused: torch 2.13's torch.compile gave NaN for AVX2 at one thread, and on CUDA (torch
+    2.11 on an H100) loading any AOTInductor package, a 3-layer perceptron's too, crashed the
+    process."""
+    if device.type != "cpu":
+        raise RuntimeError(
+            f"compile_acting compiles acting for the CPU only: on {device.type} it was not "
+            "checked (on CUDA, loading the compiled step crashed the process); act without it "
+            "(train_rl.py: compile_acting=false)"
+        )
     from torch._inductor import cpu_vec_isa  # (only where the step compiles)
 
     isa = str(cpu_vec_isa.pick_vec_isa())

@@ -477,7 +477,7 @@ def test_a_compiled_step_acts_as_the_eager_step(kind):
 
 def test_a_step_that_cannot_compile_says_how_to_act_without(monkeypatch):
     monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("no-such-compiler",))
-    monkeypatch.setattr(compiled_step, "refuse_unchecked_vectors", lambda: None)
+    monkeypatch.setattr(compiled_step, "refuse_unchecked_target", lambda device: None)
     agent = make_agent("expire_span").eval()
     agent.compile_acting()
     obs = torch.zeros(2, *OBS_SHAPE, dtype=torch.uint8)

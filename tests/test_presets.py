@@ -6,13 +6,17 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from omegaconf import OmegaConf
 
 from agents.build import build_agent
+from agents.compiled_step import refuse_unchecked_target
 from envs.registry import make_env
 from memory import MemoryConfig
+from scripts import load_script
+from training import ConfigError
 from training.presets import PRESET_ENV_GROUP, describe_preset, file_settings, flattened
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,3 +135,19 @@ def test_compile_acting_compiles_a_memory_transformers_step(memory):
     agent = build_agent(cfg, env.observation_space, env.action_space)
     assert (agent.compiled_step is not None) is (memory == "expire_span")
     assert composed().compile_acting is False
+
+
+def test_compile_acting_on_a_gpu_is_refused_before_the_run_starts(monkeypatch):
+    """On CUDA the compiled step was not checked (loading it crashed the process there), so
+    train_rl.py refuses ``compile_acting`` with ``device=cuda`` in one line before it starts,
+    as does the agent at its first step."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    train_rl = load_script("train_rl")
+    cfg = composed("env.max_length=3", "compile_acting=true", "device=cuda")
+    with pytest.raises(ConfigError, match="compile_acting=false") as error:
+        train_rl.check_config(cfg)
+    assert "on cuda it was not checked" in str(error.value) and "\n" not in str(error.value)
+    train_rl.check_config(composed("env.max_length=3", "compile_acting=true", "device=cpu"))
+    with pytest.raises(RuntimeError, match="compile_acting=false"):
+        refuse_unchecked_target(torch.device("cuda"))
