@@ -119,11 +119,6 @@ def check_config(cfg: DictConfig) -> None:
     check_positive("agent.lr", cfg.agent.lr)
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
-        if "success" not in env.outcomes or env.any_gym_id:
-            raise ConfigError(
-                f"agent.anchor_coef needs an env that reports success (its anchor_from is a "
-                f"success rate), and env={cfg.env.name} does not; drop agent.anchor_coef"
-            )
     for key, train_only in (("dropout", "dropout"), ("memory_shortening", "memory shortening")):
         if cfg.memory.get(key):
             raise ConfigError(
@@ -313,8 +308,8 @@ def keep_best(
     if math.isnan(value) or (best is not None and value <= best["value"]):
         return
     progress.best = {"metric": metric, "value": value, "step": progress.step}
-    if learner.anchor is not None:  # (the env reports success: check_config)
-        learner.anchor.keep(learner.agent, metrics["success"], player.state)
+    if learner.anchor is not None:
+        learner.anchor.keep(learner.agent, value, player.state)
     if dist.is_main:
         model = {"agent": learner.agent.state_dict(), "step": progress.step}
         model.update(best=progress.best, config=OmegaConf.to_container(cfg, resolve=True))

@@ -65,13 +65,13 @@ def behaviour_ratio_error(
 
 
 class PolicyAnchor:
-    """The agent of the best logged interval, once that interval solved the task (its success
-    at least ``solved``), whose policy a KL penalty holds the agent near
-    (``agent.anchor_coef``). PPO's clip bounds a policy's move only where an advantage pushes
-    it; once a task is solved the advantages are about 0, and the critic's regression
-    reshapes the shared core under a policy that nothing holds in place. Before the task is
-    solved there is no anchor: one at an unsolved policy would hold back learning (a KL to a
-    near-uniform policy is an entropy bonus).
+    """The agent of the best logged interval, once that interval solved the task (its task
+    metric, `envs.registry.task_metric`, at least ``solved``), whose policy a KL penalty holds
+    the agent near (``agent.anchor_coef``). PPO's clip bounds a policy's move only where an
+    advantage pushes it; once a task is solved the advantages are about 0, and the critic's
+    regression reshapes the shared core under a policy that nothing holds in place. Before the
+    task is solved there is no anchor: one at an unsolved policy would hold back learning (a KL
+    to a near-uniform policy is an entropy bonus).
 
     The anchor reads its own memory (``state``): it starts as the agent's carried memory with
     keys, values and spans recomputed by the anchor's weights, and from then on holds what the
@@ -84,10 +84,10 @@ class PolicyAnchor:
         self.active = False
         self.state = None  # the anchor's memory at the start of the next unroll
 
-    def keep(self, agent: torch.nn.Module, success: float, state) -> None:
-        """At a new best interval, of success rate ``success``; ``state``: the agent's
+    def keep(self, agent: torch.nn.Module, level: float, state) -> None:
+        """At a new best interval, whose task metric is ``level``; ``state``: the agent's
         memory at the start of the next unroll."""
-        if success >= self.solved:
+        if level >= self.solved:
             self.model.load_state_dict(agent.state_dict())
             self.state = self.model.core.refresh(state)
             self.active = True

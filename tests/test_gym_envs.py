@@ -157,6 +157,24 @@ def test_popgym_runs_from_the_command_line(tmp_path):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym is not installed")
+@pytest.mark.parametrize("anchor_from, kept", [(-1.0, True), (1.5, False)])
+def test_a_popgym_anchor_is_kept_by_the_normalised_return(tmp_path, anchor_from, kept):
+    """POPGym reports no success: its anchor is kept at a best interval whose return (POPGym's,
+    at most 1) reaches anchor_from, so from the first one at -1, and never at 1.5. Two
+    intervals of 2 unrolls of 26 steps: RepeatPreviousEasy's episodes end at 51."""
+    tiny = [arg for arg in TINY_RUN if not arg.startswith(("unroll_len", "log_interval"))]
+    length = ["unroll_len=26", "log_interval=2", "total_steps=416"]
+    args = ["env=popgym", *tiny, *length, *TINY_MEMORY, "eval.after_training=false"]
+    anchor = ["agent.anchor_coef=1", f"agent.anchor_from={anchor_from}"]
+    result = run([*args, *anchor], tmp_path / "run")
+    assert result.returncode == 0, result.stderr
+    checkpoint = torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)
+    assert ("anchor" in checkpoint) is kept
+    lines = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").open()]
+    assert lines[0]["anchor_kl"] == 0 and (lines[1]["anchor_kl"] > 0) is kept
+
+
+@pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym is not installed")
 def test_the_default_agent_learns_repeat_previous_on_most_seeds(tmp_path):
     """The default agent (expire_span, PPO 8 x 8, 32 environments) on POPGym's
     RepeatPreviousEasy from the command line, seeds 0-2 side by side: a random policy's return

@@ -64,8 +64,6 @@ def steps_logged(run_dir):
             "agent has no setting lrr, and nothing reads a key that + adds; did you mean agent.lr?",
         ),
         ("+memory.max_spam=9", "did you mean memory.max_span?"),
-        ("env=gym agent.anchor_coef=1", "needs an env that reports success"),
-        ("env=popgym agent.anchor_coef=1", "needs an env that reports success"),
         ("memory.dropout=0.1", "the learner would not see the policy that acted"),
         ("memory.memory_shortening=true", "the learner would not see the policy that acted"),
     ],
