@@ -23,6 +23,7 @@ only at a compaction.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -70,21 +71,7 @@ class Slots(NamedTuple):
 
     def survivors(self, alive: Tensor) -> Slots:
         """Delete the slots where ``alive`` (B, N) is False: compact each element's survivors."""
-        count = alive.sum(1)
-        length = int(count.max()) if self.length else 0
-        start = self.length - length
-        if bool(alive[:, start:].all()):  # survivors form a common suffix: a slice suffices
-            return self.narrow(start, length)
-        index = torch.sort(alive.to(torch.uint8), dim=1, stable=True).indices[:, start:]
-        kept = torch.arange(length, device=alive.device) >= (length - count)[:, None]
-        batch, heads, head_dim, _ = self.keys.shape
-        return Slots(
-            self.hidden.gather(1, index[:, :, None].expand(-1, -1, self.hidden.shape[2])),
-            self.keys.gather(3, index[:, None, None, :].expand(batch, heads, head_dim, length)),
-            self.values.gather(2, index[:, None, :, None].expand(batch, heads, length, head_dim)),
-            self.position.gather(1, index).masked_fill(~kept, EMPTY),
-            None if self.span is None else self.span.gather(1, index),
-        )
+        return compacted(self, alive)[0]
 
 
 class SlotStore:
@@ -148,8 +135,9 @@ class SlotStore:
         ``alive`` (a function of the slots, (B, N) bool) in a new buffer with room for them."""
         if self.can_append(n):
             return self
-        kept = self.view().survivors(alive(self.view()))
-        return SlotStore.of(kept, spare=max(n, MIN_SPARE_SLOTS, kept.length // 2))
+        view = self.view()
+        room = lambda kept: max(n, MIN_SPARE_SLOTS, kept // 2)  # noqa: E731
+        return SlotStore(*compacted(view, alive(view), room))
 
     def appended(self, new: Slots) -> SlotStore:
         """Write ``new`` after the last slot, in place (requires ``can_append``)."""
@@ -172,6 +160,52 @@ def write_slot(buffer: Slots, slot: int | Tensor, new: Slots) -> None:
     for target, source, axis in zip(buffer, new, SLOT_AXES, strict=True):
         if target is not None:
             target.index_copy_(axis, index, source)
+
+
+def compacted(
+    slots: Slots, alive: Tensor, spare: Callable[[int], int] = lambda kept: 0
+) -> tuple[Slots, int]:
+    """``slots`` without those where ``alive`` (B, N) is False, each element's survivors in
+    order and right-aligned (empty slots in front where it kept fewer than the most), followed
+    by ``spare(length)`` empty slots in the same new buffer; and ``length``, the slots kept.
+    Without spare slots, survivors that form a common suffix are a slice of ``slots``."""
+    count = alive.sum(1)
+    length = int(count.max()) if slots.length else 0
+    room = spare(length)
+    start = slots.length - length
+    if not room and bool(alive[:, start:].all()):
+        return slots.narrow(start, length), length
+    order = torch.sort(alive.to(torch.uint8), dim=1, stable=True).indices[:, start:]
+    index = torch.nn.functional.pad(order, (0, room))  # (spare slots: emptied below)
+    slot = torch.arange(length + room, device=alive.device)
+    kept = (slot >= (length - count)[:, None]) & (slot < length)
+    fields = [
+        None if t is None else _select_slots(t, axis, index)
+        for t, axis in zip(slots, SLOT_AXES, strict=True)
+    ]
+    for t, axis, empty in zip(fields, SLOT_AXES, EMPTY_SLOT, strict=True):
+        if t is not None and room:
+            t.narrow(axis, length, room).fill_(empty)
+    fields[3] = fields[3].masked_fill_(~kept, EMPTY)
+    return Slots(*fields), length
+
+
+def _select_slots(t: Tensor, axis: int, index: Tensor) -> Tensor:
+    """The slots ``index`` (B, M) of each batch element of ``t`` along ``axis``. Where whole
+    rows follow the slot axis, an index_select of those rows: on a CPU about 5 times faster
+    than a gather with an expanded index."""
+    row = t.shape[axis + 1 :]
+    if t.shape[axis] == 0:  # nothing to select: all ``index`` are spare slots
+        return t.new_empty(*t.shape[:axis], index.shape[1], *row)
+    if not row:
+        return t.gather(
+            axis, index.view(index.shape[0], *[1] * (axis - 1), -1).expand(*t.shape[:axis], -1)
+        )
+    middle = math.prod(t.shape[1:axis])
+    base = torch.arange(t.shape[0] * middle, device=index.device).view(-1, middle, 1)
+    rows = (base * t.shape[axis] + index[:, None, :]).flatten()
+    picked = t.reshape(-1, math.prod(row)).index_select(0, rows)
+    return picked.view(*t.shape[:axis], index.shape[1], *row)
 
 
 def _owns_storage(t: Tensor) -> bool:

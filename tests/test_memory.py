@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from memory import MemoryConfig, MemoryTransformer, kind_names
+from memory.store import EMPTY, Slots, compacted
 
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
 # every kind with eq. 4's renormalisation, and the soft masks without it
@@ -265,6 +266,46 @@ def test_transformer_xl_keeps_exactly_the_last_span():
     # |C_t| = L once the memory is full; element 0 sees t - 25 memories until then
     element_0 = sum(min(t - 25, 12) for t in range(30, 42))
     assert full.memory_size == pytest.approx((element_0 + 12 * 12) / 24)
+
+
+@pytest.mark.parametrize("spare", [0, 3])
+def test_compaction_keeps_each_elements_survivors_in_order_right_aligned(spare):
+    """Deleting memories (4.2): each element keeps its surviving slots in their order, at the
+    end of a buffer as long as the most any element kept, empty slots (position EMPTY) in
+    front; ``spare`` empty slots (zeros, position EMPTY) follow in the same buffer. Rows: some
+    dead, all dead, all alive, alternating; the buffer is a view of a larger one."""
+    torch.manual_seed(0)
+    batch, n, dim, heads = 4, 7, 4, 2
+    whole = Slots(
+        torch.randn(batch, n + 2, dim),
+        torch.randn(batch, heads, dim // heads, n + 2),
+        torch.randn(batch, heads, n + 2, dim // heads),
+        torch.arange(n + 2).repeat(batch, 1),
+        torch.rand(batch, n + 2),
+    )
+    slots = whole.narrow(0, n)
+    alive = torch.tensor(
+        [[0, 1, 1, 0, 1, 0, 0], [0] * 7, [1] * 7, [1, 0, 1, 0, 1, 0, 1]], dtype=torch.bool
+    )
+    kept, length = compacted(slots, alive, lambda most: spare)
+    assert length == 7 and kept.length == 7 + spare
+    for b in range(batch):
+        survivors = alive[b].nonzero().flatten()
+        front = length - len(survivors)
+        where = torch.arange(front, length)
+        assert (kept.position[b, :front] == EMPTY).all()
+        assert torch.equal(kept.position[b, where], slots.position[b, survivors])
+        assert torch.equal(kept.hidden[b, where], slots.hidden[b, survivors])
+        assert torch.equal(kept.keys[b, ..., where], slots.keys[b, ..., survivors])
+        assert torch.equal(kept.values[b, :, where], slots.values[b, :, survivors])
+        assert torch.equal(kept.span[b, where], slots.span[b, survivors])
+    tail = kept.narrow(length, spare)
+    assert (tail.position == EMPTY).all() and not any(
+        t.any() for t in tail if t is not tail.position
+    )
+    suffix = torch.zeros(batch, n, dtype=torch.bool)
+    suffix[:, 4:] = True
+    assert slots.survivors(suffix).hidden.data_ptr() == slots.hidden[:, 4].data_ptr()  # a slice
 
 
 def test_stored_memory_follows_the_spans_not_the_maximum_span():
