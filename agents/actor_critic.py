@@ -10,7 +10,7 @@ from gymnasium import spaces
 from torch import nn
 
 from agents.compiled_step import CompiledStep
-from agents.distributions import Gaussian, PolicyParams, sample
+from agents.distributions import Gaussian, PolicyParams, sample, sampling_noise
 from agents.encoders import make_encoder
 from memory import CoreOutput
 from training.host import acting_threads
@@ -197,14 +197,14 @@ class ActorCritic(nn.Module):
         """Step mode: obs (B, *obs_shape), episode_start (B,) -> action, its log-probability,
         the value estimate and the core's output (whose `state` is the next state). Runs on
         as many CPU threads as its few-row operations keep busy (`acting_threads`)."""
-        width = self.value.in_features
-        with acting_threads(episode_start.shape[0] * width):
+        batch, width = episode_start.shape[0], self.value.in_features
+        dtype, device = self.value.weight.dtype, episode_start.device
+        noise = None if greedy else sampling_noise(self.action_space, batch, dtype, device)
+        with acting_threads(batch * width):
             compiled = self.compiled_step
-            if compiled is not None and compiled.handles(episode_start.shape[0], previous):
-                out = compiled(self, obs, state, episode_start, previous)
-            else:
-                x = self.encode(obs, episode_start, previous)
-                out = self.core.step(x, state, episode_start)
-            policy = self.policy(out.hidden)
-            action, log_prob = sample(policy, greedy)
+            if compiled is not None and compiled.handles(batch, previous, greedy):
+                return compiled(self, obs, state, episode_start, previous, noise)
+            x = self.encode(obs, episode_start, previous)
+            out = self.core.step(x, state, episode_start)
+            action, log_prob = sample(self.policy(out.hidden), noise)
             return action, log_prob, self.value(out.hidden).squeeze(-1), out

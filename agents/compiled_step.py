@@ -6,8 +6,9 @@ The step writes each layer's memory into its store's buffer and attends over the
 whose spare slots hold an empty memory (position -1, masked), so its inputs change shape only
 when a buffer is compacted: each layer's buffer length is a dynamic dimension of the export.
 The weights are inputs of the compiled step, not constants compiled into it, so an update
-(in place) is what the next step reads. The policy and value heads and sampling stay eager:
-acting samples the same actions from the same random numbers as without it.
+(in place) is what the next step reads. The policy and value heads and sampling are compiled
+too; the random numbers a sample is drawn from are drawn eagerly, before the call
+(`agents.distributions.sampling_noise`), so acting samples from the same numbers as without it.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 from torch import nn
 from torch.utils._pytree import TreeSpec, tree_leaves, tree_map, tree_unflatten, treespec_loads
 
+from agents.distributions import Noise, sample
 from memory import CoreOutput, MemoryState
 from memory.kind import Call
 from memory.store import SLOT_AXES, Slots
@@ -34,21 +36,27 @@ CHECKED_VECTOR_UNITS = ("avx512", "avx2")  # as torch's inductor names them
 
 
 class _EncodeAndStep(nn.Module):
-    """What is compiled: the agent's encoder, then the core's layers writing into and reading
-    the whole of their buffers; returns the core's hidden state (B, dim), the count of keys
-    seen and the new memories' spans."""
+    """What is compiled: the agent's encoder, the core's layers writing into and reading the
+    whole of their buffers, then its heads; returns the action drawn from ``noise``, its
+    log-probability, the value, the core's hidden state (B, dim), the count of keys seen and
+    the new memories' spans."""
 
     def __init__(self, agent: ActorCritic) -> None:
         super().__init__()
         self.agent = agent
 
-    def forward(self, obs, episode_start, previous, buffers, slots, positions, query_begin, begin):
-        x = self.agent.encode(obs, episode_start, previous)
+    def forward(
+        self, obs, episode_start, previous, noise, buffers, slots, positions, query_begin, begin
+    ):
+        agent = self.agent
+        x = agent.encode(obs, episode_start, previous)
         call = Call(positions, positions, query_begin, begin, True, False, x.dtype, None)
         hidden, count, spans = layers_in_buffers(
-            self.agent.core, x[:, None], [Slots(*b) for b in buffers], list(slots), call, True
+            agent.core, x[:, None], [Slots(*b) for b in buffers], list(slots), call, True
         )
-        return hidden[:, 0], count, spans
+        hidden = hidden[:, 0]
+        action, log_prob = sample(agent.policy(hidden), noise)
+        return action, log_prob, agent.value(hidden).squeeze(-1), hidden, count, spans
 
 
 class _WeightsAsInputs(nn.Module):
@@ -65,22 +73,23 @@ class _WeightsAsInputs(nn.Module):
 
 class CompiledStep:
     """The agent's step in step mode without gradients (`ActorCritic.act` with
-    ``compile_acting``), compiled at its first call for that call's batch size and kind of
-    input; a step of another batch size (a few environments' final values) runs eagerly.
+    ``compile_acting``), compiled at its first call for that call's batch size and kinds of
+    input and action (sampled or greedy); another step (a few environments' final values, a
+    greedy evaluation) runs eagerly.
     A copy of the agent (`copy.deepcopy`) starts uncompiled."""
 
     def __init__(self) -> None:
         self.runner: Any = None
-        self.signature: tuple | None = None  # (batch size, previous given) it was compiled for
+        self.signature: tuple | None = None  # (batch size, previous given, greedy) compiled for
         self.weights: list[torch.Tensor] = []  # its parameters and buffers, as it takes them
         self.outputs: TreeSpec | None = None
 
     def __deepcopy__(self, memo: dict) -> CompiledStep:
         return CompiledStep()
 
-    def handles(self, batch: int, previous: Previous | None) -> bool:
+    def handles(self, batch: int, previous: Previous | None, greedy: bool) -> bool:
         """Whether a step of ``batch`` environments runs compiled (the first one compiles)."""
-        return self.signature in (None, (batch, previous is not None))
+        return self.signature in (None, (batch, previous is not None, greedy))
 
     def __call__(
         self,
@@ -89,8 +98,10 @@ class CompiledStep:
         state: MemoryState,
         episode_start: torch.Tensor,
         previous: Previous | None,
-    ) -> CoreOutput:
-        """The core's output for one step, as ``agent.core.step(agent.encode(...))``."""
+        noise: Noise,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, CoreOutput]:
+        """`ActorCritic.act`'s action, log-probability, value and core output for one step,
+        the action drawn from ``noise``."""
         core = agent.core
         batch = episode_start.shape[0]
         plan = core.plan_step(state, batch, episode_start[:, None], agent.value.weight.dtype)
@@ -100,6 +111,7 @@ class CompiledStep:
             obs,
             episode_start,
             previous,
+            noise,
             tuple(tuple(buffer) for buffer in plan.buffers),  # (plain tuples: export's inputs)
             slots,
             call.positions,
@@ -108,12 +120,12 @@ class CompiledStep:
         )
         if self.runner is None:
             self.compile(agent, inputs)
-            self.signature = (batch, previous is not None)
+            self.signature = (batch, previous is not None, noise is None)
         # (the runner's own call reads its input and output layouts from JSON every time)
         tensors = [leaf for leaf in tree_leaves(inputs) if leaf is not None]  # (no span: None)
         outputs = self.runner.loader.boxed_run([*self.weights, *tensors])
-        hidden, count, spans = tree_unflatten(outputs, self.outputs)
-        return core.planned_output(plan, hidden, count, spans)
+        action, log_prob, value, hidden, count, spans = tree_unflatten(outputs, self.outputs)
+        return action, log_prob, value, core.planned_output(plan, hidden, count, spans)
 
     def compile(self, agent: ActorCritic, inputs: tuple) -> None:
         """Compiles ``_EncodeAndStep`` for inputs like ``inputs``: its runner, its weights in
@@ -126,10 +138,10 @@ class CompiledStep:
                 None if part is None else {axis: torch.export.Dim(f"slots_{layer}", min=2)}
                 for part, axis in zip(buffer, SLOT_AXES, strict=True)
             )
-            for layer, buffer in enumerate(inputs[3])
+            for layer, buffer in enumerate(inputs[4])
         )
         static = [tree_map(lambda _: None, part) for part in inputs]
-        dynamic = (*static[:3], buffers, *static[4:])
+        dynamic = (*static[:4], buffers, *static[5:])
         try:
             with warnings.catch_warnings(), tempfile.TemporaryDirectory() as folder:
                 warnings.simplefilter("ignore", (FutureWarning, DeprecationWarning))  # torch's

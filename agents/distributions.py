@@ -1,7 +1,8 @@
 """The policy's distributions over actions, by action space: a categorical over Discrete
 actions (its logits, (..., A)), independent categoricals over MultiDiscrete components (a
 tuple of logits, one per component), and a diagonal Gaussian over Box actions (`Gaussian`).
-Sampling, log-probabilities, entropies and KL divergences for each."""
+Sampling (from random numbers drawn apart, `sampling_noise`), log-probabilities, entropies and
+KL divergences for each."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from gymnasium import spaces
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -32,23 +34,43 @@ class Gaussian:
 PolicyParams = torch.Tensor | tuple[torch.Tensor, ...] | Gaussian
 
 
-def sample(policy: PolicyParams, greedy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """An action of each batch element, the most likely (``greedy``: a Gaussian's mean) or a
-    sample, and its log-probability (density, for Box); for MultiDiscrete one action per
-    component, stacked on the last dimension, whose log-probabilities add up."""
+# The random numbers a sample is drawn from: uniform in [0, 1) per logit of a categorical
+# (Gumbel-max), one such tensor per MultiDiscrete component, a standard normal per dimension of a
+# Gaussian. None: the most likely action (a Gaussian's mean).
+Noise = torch.Tensor | tuple[torch.Tensor, ...] | None
+
+
+def sampling_noise(
+    space: spaces.Space, batch: int, dtype: torch.dtype, device: torch.device | str
+) -> Noise:
+    """The random numbers `sample` draws ``batch`` actions of ``space`` from, drawn before the
+    policy is computed so that a compiled step can sample inside it from the same numbers."""
+    if isinstance(space, spaces.Box):
+        return torch.randn(batch, space.shape[0], dtype=dtype, device=device)
+    if isinstance(space, spaces.MultiDiscrete):
+        return tuple(torch.rand(batch, int(n), dtype=dtype, device=device) for n in space.nvec)
+    return torch.rand(batch, int(space.n), dtype=dtype, device=device)
+
+
+def sample(policy: PolicyParams, noise: Noise) -> tuple[torch.Tensor, torch.Tensor]:
+    """An action of each batch element, drawn from ``noise`` (`sampling_noise`; None: the most
+    likely action, a Gaussian's mean), and its log-probability (density, for Box); for
+    MultiDiscrete one action per component, stacked on the last dimension, whose
+    log-probabilities add up."""
     if isinstance(policy, Gaussian):
         action = policy.mean
-        if not greedy:
-            action = action + policy.log_std.exp() * torch.randn_like(action)
+        if noise is not None:
+            action = action + policy.log_std.exp() * noise
         return action, gaussian_log_prob(policy, action)
     if isinstance(policy, tuple):
-        parts = [sample(part, greedy) for part in policy]
+        noises = [None] * len(policy) if noise is None else noise
+        parts = [sample(part, n) for part, n in zip(policy, noises, strict=True)]
         return torch.stack([action for action, _ in parts], dim=-1), sum(lp for _, lp in parts)
     log_probs = F.log_softmax(policy, dim=-1)
-    if greedy:
+    if noise is None:
         action = policy.argmax(dim=-1)
     else:  # Gumbel-max sampling: cheaper than torch.multinomial for small batches
-        gumbel = -torch.log(-torch.log(torch.rand_like(policy).clamp_(min=1e-20)))
+        gumbel = -torch.log(-torch.log(noise.clamp(min=1e-20)))
         action = (log_probs + gumbel).argmax(dim=-1)
     return action, log_probs.gather(-1, action[..., None]).squeeze(-1)
 

@@ -136,8 +136,9 @@ class SlotStore:
         if self.can_append(n):
             return self
         view = self.view()
-        room = lambda kept: max(n, MIN_SPARE_SLOTS, kept // 2)  # noqa: E731
-        return SlotStore(*compacted(view, alive(view), room))
+        return SlotStore(
+            *compacted(view, alive(view), lambda kept: max(n, MIN_SPARE_SLOTS, kept // 2))
+        )
 
     def appended(self, new: Slots) -> SlotStore:
         """Write ``new`` after the last slot, in place (requires ``can_append``)."""
@@ -186,8 +187,9 @@ def compacted(
     for t, axis, empty in zip(fields, SLOT_AXES, EMPTY_SLOT, strict=True):
         if t is not None and room:
             t.narrow(axis, length, room).fill_(empty)
-    fields[3] = fields[3].masked_fill_(~kept, EMPTY)
-    return Slots(*fields), length
+    survivors = Slots(*fields)
+    survivors.position.masked_fill_(~kept, EMPTY)
+    return survivors, length
 
 
 def _select_slots(t: Tensor, axis: int, index: Tensor) -> Tensor:

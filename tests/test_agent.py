@@ -19,7 +19,7 @@ from agents import (
     compiled_step,
 )
 from agents.compiled_step import CHECKED_VECTOR_UNITS
-from agents.distributions import log_prob_and_entropy, policy_kl, sample
+from agents.distributions import log_prob_and_entropy, policy_kl, sample, sampling_noise
 from agents.learners import (
     PolicyAnchor,
     actor_critic_loss,
@@ -39,12 +39,15 @@ from memory.store import EMPTY
 
 OBS_SHAPE = (3, 3, 7)
 WINDOW = spaces.Box(0, 1, OBS_SHAPE, np.uint8)  # a MazeBase word window
+FOUR_ACTIONS = spaces.Discrete(4)
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def make_agent(kind: str, previous: bool = False) -> ActorCritic:
-    """A small agent with memory ``kind``; with ``previous``, it sees its previous action and
-    reward."""
+def make_agent(
+    kind: str, previous: bool = False, action_space: spaces.Space = FOUR_ACTIONS
+) -> ActorCritic:
+    """A small agent with memory ``kind`` acting in ``action_space``; with ``previous``, it
+    sees its previous action and reward."""
     torch.manual_seed(0)
     if kind in RECURRENT_KINDS:
         core = RecurrentCore(dim=32, kind=kind)
@@ -56,7 +59,7 @@ def make_agent(kind: str, previous: bool = False) -> ActorCritic:
                 kind=kind, dim=32, num_heads=2, ffn_dim=64, max_span=12, block_len=8, ramp=4
             )
         )
-    return ActorCritic(WINDOW, spaces.Discrete(4), core, 32, previous, previous)
+    return ActorCritic(WINDOW, action_space, core, 32, previous, previous)
 
 
 def discounted_return(rewards, dones, bootstrap, gamma):
@@ -260,10 +263,12 @@ def test_acting_scores_its_action_as_the_learner_does(greedy):
     exactly, for a categorical and for MultiDiscrete components (whose log-probabilities add)."""
     torch.manual_seed(0)
     p, r = torch.randn(6, 4), torch.randn(6, 3)
-    for policy in (p, (p, r)):
-        action, log_prob = sample(policy, greedy)
+    noise = None if greedy else sampling_noise(spaces.MultiDiscrete([4, 3]), 6, p.dtype, "cpu")
+    first = None if noise is None else noise[0]
+    for policy, drawn in ((p, first), ((p, r), noise)):
+        action, log_prob = sample(policy, drawn)
         assert torch.equal(log_prob, log_prob_and_entropy(policy, action)[0])
-    action, _ = sample((p, r), greedy)
+    action, _ = sample((p, r), noise)
     assert action.shape == (6, 2) and action[:, 1].max() < 3
 
 
@@ -425,14 +430,22 @@ CHECKED = str(torch._inductor.cpu_vec_isa.pick_vec_isa()).startswith(CHECKED_VEC
 
 
 @pytest.mark.skipif(not CHECKED, reason="compile_acting is refused here (the next test)")
-@pytest.mark.parametrize("kind", ["expire_span", "transformer_xl"])
-def test_a_compiled_step_acts_as_the_eager_step(kind):
+@pytest.mark.parametrize(
+    "kind, action_space",
+    [
+        ("expire_span", spaces.Discrete(4)),
+        ("transformer_xl", spaces.MultiDiscrete([3, 2])),
+        ("expire_span", spaces.Box(-1.0, 1.0, (2,))),
+    ],
+)
+def test_a_compiled_step_acts_as_the_eager_step(kind, action_space):
     """compile_acting: the step compiled ahead of time reads the whole buffer of each layer,
-    whose slots after the last memory are empty. From the same random numbers it takes the
-    eager step's actions with its log-probabilities, values, memory sizes and memories, through
-    episode starts, the previous action and reward, compactions that change the buffers'
-    lengths, and an update of the weights in place; another batch size acts eagerly."""
-    eager = make_agent(kind, previous=True).eval()
+    whose slots after the last memory are empty, and samples inside. From the same random
+    numbers it takes the eager step's actions (categorical, MultiDiscrete, Gaussian) with
+    their log-probabilities, values, memory sizes and memories, through episode starts, the
+    previous action and reward, compactions that change the buffers' lengths, and an update of
+    the weights in place; another batch size and a greedy step act eagerly."""
+    eager = make_agent(kind, True, action_space).eval()
     compiled = copy.deepcopy(eager)
     compiled.compile_acting()
     B, T = 3, 60
@@ -441,7 +454,8 @@ def test_a_compiled_step_acts_as_the_eager_step(kind):
     starts = torch.as_tensor(rng.random((B, T)) < 0.05)
     rewards = torch.as_tensor(rng.random((B, T)), dtype=torch.float32)
     states = [agent.initial_state(B) for agent in (eager, compiled)]
-    action, capacities = torch.zeros(B, dtype=torch.long), set()
+    action = torch.as_tensor(np.stack([action_space.sample() for _ in range(B)]))
+    continuous, capacities = isinstance(action_space, spaces.Box), set()
     for t in range(T):
         if t == T // 2:  # an update: the compiled step reads the weights as they are now
             with torch.no_grad():
@@ -455,7 +469,10 @@ def test_a_compiled_step_acts_as_the_eager_step(kind):
             acted.append(agent.act(obs[:, t], states[index], starts[:, t], (action, rewards[:, t])))
             states[index] = acted[-1][3].state
         (action, *scores, out), (compiled_action, *compiled_scores, compiled_out) = acted
-        assert torch.equal(compiled_action, action)
+        if continuous:
+            torch.testing.assert_close(compiled_action, action, atol=1e-5, rtol=0)
+        else:
+            assert torch.equal(compiled_action, action)
         torch.testing.assert_close(compiled_scores, scores, atol=1e-5, rtol=0)  # log-prob, value
         assert compiled_out.memory_size == pytest.approx(out.memory_size, abs=1e-6)
         capacities.add(states[1].layers[0]["recent"].capacity)
@@ -466,13 +483,19 @@ def test_a_compiled_step_acts_as_the_eager_step(kind):
         torch.testing.assert_close(store.view().values, eager_store.view().values)
         spare = store.buffer.narrow(0, store.capacity).position[:, store.length :]
         assert (spare == EMPTY).all() and store.capacity > store.length
-    assert compiled.compiled_step.signature == (B, True)
+    assert compiled.compiled_step.signature == (B, True, False)
     two = torch.tensor([0, 2])
     values = [
         agent.act(obs[two, 0], state.select(two), starts[two, 0])[2]  # compiled: eagerly
         for agent, state in zip((eager, compiled), states, strict=True)
     ]
     torch.testing.assert_close(values[1], values[0], atol=1e-5, rtol=0)
+    greedy = [
+        agent.act(obs[:, 0], state, starts[:, 0], (action, rewards[:, 0]), greedy=True)[:3]
+        for agent, state in zip((eager, compiled), states, strict=True)
+    ]
+    torch.testing.assert_close(greedy[1], greedy[0], atol=1e-5, rtol=0)
+    assert compiled.compiled_step.signature == (B, True, False)
 
 
 def test_a_step_that_cannot_compile_says_how_to_act_without(monkeypatch):
