@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import errno
 import io
 import json
@@ -619,6 +620,29 @@ def test_span_stats_summarise_each_layer_over_the_interval():
         "span/l1_near_zero": 0.25,  # 0.0 (1.0 is not below 1)
     }
     assert stats.summary() == {}  # forgotten after a summary
+
+
+def test_span_stats_over_many_calls_and_a_resume_are_those_of_all_spans_at_once():
+    """Calls are kept and summed in passes (`SpanStats.CALLS_PER_SUM`); the statistics are the
+    formulas' over every span added, also when the interval is saved and resumed midway."""
+    generator = torch.Generator().manual_seed(0)
+    calls = [
+        tuple(torch.rand(4, 1, generator=generator) * 3 for _ in range(2))
+        for _ in range(SpanStats.CALLS_PER_SUM + 45)
+    ]
+    stats = SpanStats()
+    for index, spans in enumerate(calls):
+        if index == SpanStats.CALLS_PER_SUM + 20:  # a resume within the interval
+            saved = copy.deepcopy(stats.state_dict())
+            stats = SpanStats()
+            stats.load_state_dict(saved)
+        stats.add(spans)
+    summary = stats.summary()
+    for layer in range(2):
+        every = torch.cat([spans[layer].reshape(-1) for spans in calls]).double()
+        assert summary[f"span/l{layer}_mean"] == pytest.approx(every.mean().item(), rel=1e-12)
+        assert summary[f"span/l{layer}_max"] == every.max().item()
+        assert summary[f"span/l{layer}_near_zero"] == pytest.approx((every < 1).double().mean())
 
 
 def test_thread_count_shares_the_cores_among_local_processes(monkeypatch):

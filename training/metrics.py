@@ -92,16 +92,28 @@ class SpanStats:
     ramp of R steps). Collapsing spans show here before the task metric falls."""
 
     NEAR_ZERO = 1.0
+    CALLS_PER_SUM = 256  # calls kept before they are summed: acting adds a few spans per step
 
     def __init__(self) -> None:
         self._count = 0
         self._sum = self._near_zero = self._max = torch.zeros(0)
+        self._kept: list[Sequence[torch.Tensor]] = []
 
     def add(self, spans: Sequence[torch.Tensor] | None) -> None:
         """Adds one call's spans, ``CoreOutput.spans`` (None for kinds without spans)."""
         if spans is None:
             return
-        span = torch.stack([s.reshape(-1) for s in spans]).double()  # (layers, memories)
+        self._kept.append(spans)
+        if len(self._kept) == self.CALLS_PER_SUM:
+            self._sum_kept()
+
+    def _sum_kept(self) -> None:
+        """Folds the kept calls' spans into the interval's statistics, in one pass."""
+        if not self._kept:
+            return
+        layers = zip(*self._kept, strict=True)
+        span = torch.stack([torch.cat([s.reshape(-1) for s in layer]) for layer in layers])
+        span = span.double()  # (layers, memories)
         near_zero = (span < self.NEAR_ZERO).sum(1)
         if self._count == 0:
             self._sum, self._near_zero, self._max = span.sum(1), near_zero, span.amax(1)
@@ -110,9 +122,11 @@ class SpanStats:
             self._near_zero = self._near_zero + near_zero
             self._max = self._max.maximum(span.amax(1))
         self._count += span.shape[1]
+        self._kept = []
 
     def state_dict(self) -> dict[str, Any]:
         """The interval's statistics so far (to resume a run within an interval)."""
+        self._sum_kept()
         return {
             "count": self._count,
             "sum": self._sum,
@@ -121,12 +135,14 @@ class SpanStats:
         }
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
+        self._kept = []
         self._count = saved["count"]
         self._sum, self._near_zero, self._max = saved["sum"], saved["near_zero"], saved["max"]
 
     def summary(self) -> dict[str, float]:
         """``span/l{layer}_mean``, ``_max`` and ``_near_zero`` since the last summary (empty
         when no spans were added), then forget them."""
+        self._sum_kept()
         metrics = {}
         if self._count:
             columns = (self._sum.tolist(), self._near_zero.tolist(), self._max.tolist())
