@@ -18,7 +18,7 @@ from agents import (
     RecurrentCore,
     compiled_step,
 )
-from agents.compiled_step import CHECKED_VECTOR_UNITS
+from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
 from agents.distributions import log_prob_and_entropy, policy_kl, sample, sampling_noise
 from agents.learners import (
     PolicyAnchor,
@@ -496,6 +496,19 @@ def test_a_compiled_step_acts_as_the_eager_step(kind, action_space):
     ]
     torch.testing.assert_close(greedy[1], greedy[0], atol=1e-5, rtol=0)
     assert compiled.compiled_step.signature == (B, True, False)
+
+
+def test_biases_added_apart_from_their_products_give_the_same_outputs():
+    """`add_biases_apart`: an exported graph's linear layers lose their biases to additions
+    of their own, and the graph computes what it did."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+    x = torch.randn(4, 5)
+    module = torch.export.export(net, (x,)).module()
+    add_biases_apart(module)
+    linears = [n for n in module.graph.nodes if n.target is torch.ops.aten.linear.default]
+    assert len(linears) == 2 and all(len(node.args) == 2 for node in linears)
+    torch.testing.assert_close(module(x), net(x))
 
 
 def test_a_step_that_cannot_compile_says_how_to_act_without(monkeypatch):
