@@ -15,7 +15,8 @@ a single run directory, or a directory holding several of either. Writes to OUT_
   only in their span (e.g. Transformer-XL at several spans) are joined by a line;
 - overview.png, all those panels side by side, when there are several.
 
-`--markdown` prints the settings as markdown tables, one per figure.
+`--markdown` prints the settings as markdown tables, one per figure, and where there are several
+figures (a suite of tasks) one more, a row per task and a column per memory setting.
 
 The task is the env config's name (corridor, portal, ...) or the LM task's, except for the
 env configs that take any Gymnasium id (env=gym, env=popgym), where it is the id: a POPGym
@@ -360,19 +361,23 @@ def summarize(results: Iterable[RunResult]) -> list[Setting]:
         key = (run.group, run.metric, run.kind, run.max_span, run.setting)
         grouped.setdefault(key, []).append(run)
     settings = [Setting(*key, runs=tuple(runs)) for key, runs in grouped.items()]
-    kind_order = list(KIND_STYLES)
     return sorted(
         settings,
         key=lambda s: (
             s.group,
             s.metric,
-            kind_order.index(s.kind) if s.kind in kind_order else len(kind_order),
-            s.kind,
-            math.inf if s.max_span is None else s.max_span,
+            *_memory_order(s),
             math.inf if s.memory_size is None else s.memory_size[0],
             s.setting,
         ),
     )
+
+
+def _memory_order(setting: Setting) -> tuple[int, str, float]:
+    """Known kinds first in KIND_STYLES' order, then by name; within a kind, by span."""
+    kinds = list(KIND_STYLES)
+    known = kinds.index(setting.kind) if setting.kind in kinds else len(kinds)
+    return known, setting.kind, math.inf if setting.max_span is None else setting.max_span
 
 
 def plot_panel(settings: Sequence[Setting], logx: bool = False) -> Figure:
@@ -470,6 +475,29 @@ def markdown_table(settings: Sequence[Setting]) -> str:
             last = "" if s.last_return is None else _mean_std_text(*s.last_return, len(s.runs))
             row += [last, _held_text(s.held)]
         row += [f"{s.steps:,}", minutes]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def task_table(settings: Sequence[Setting]) -> str:
+    """A suite's summary as a markdown table: a row per figure (task), a column per memory
+    setting with its final metric's mean ± standard deviation over seeds (to the decimal that
+    shows the spread), then each setting's mean memory size and, for RL runs, how many of its
+    runs held, in the columns' order."""
+    in_order = sorted(settings, key=lambda s: (*_memory_order(s), s.setting))
+    columns = list(dict.fromkeys(_column_label(s) for s in in_order))
+    with_held = any(s.held is not None for s in settings)
+    header = ["task", *columns, "memory size: " + ", ".join(columns)]
+    header += ["held: " + ", ".join(columns)] if with_held else []
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for (group, metric), panel in _by_figure(settings).items():
+        cells = {_column_label(s): s for s in panel}
+        found = [cells.get(column) for column in columns]
+        row = [f"{group} ({metric})"]
+        row += ["" if s is None else _spread_text(*s.final, len(s.runs)) for s in found]
+        row.append(", ".join("-" if s is None else _size_text(s.memory_size) for s in found))
+        if with_held:
+            row.append(", ".join("-" if s is None else _held_text(s.held) for s in found))
         lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines)
 
@@ -633,6 +661,23 @@ def _mean_std_text(mean: float, std: float, count: int) -> str:
     return f"{mean:.3g}" if count == 1 else f"{mean:.3g} ± {std:.2g}"
 
 
+def _spread_text(mean: float, std: float, count: int) -> str:
+    """0.99987 ± 0.00001: three decimals, or as many as show the spread's first digit."""
+    decimals = 3 if std == 0 else min(6, max(3, -math.floor(math.log10(std))))
+    return f"{mean:.{decimals}f}" + ("" if count == 1 else f" ± {std:.{decimals}f}")
+
+
+def _size_text(size: tuple[float, float] | None) -> str:
+    return "" if size is None else f"{size[0]:.3g}"
+
+
+def _column_label(setting: Setting) -> str:
+    """A memory setting's name in a task table: "Transformer-XL 200 ramp=2", "GRU"."""
+    label = KIND_STYLES.get(setting.kind, (setting.kind,))[0]
+    span = "" if setting.max_span is None else str(setting.max_span)
+    return " ".join(part for part in (label, span, setting.setting) if part)
+
+
 def _held_text(held: tuple[int, int] | None) -> str:
     """(2, 3) -> "2/3": 2 of the 3 runs where it is known held; "" when unknown."""
     return "" if held is None else f"{held[0]}/{held[1]}"
@@ -701,10 +746,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     print("\n".join(map(str, written)), file=sys.stderr if args.markdown else sys.stdout)
     if args.markdown:
+        figures = _by_figure(settings)
         tables = [
             f"{group}, {metric}:\n\n{markdown_table(panel)}"
-            for (group, metric), panel in _by_figure(settings).items()
+            for (group, metric), panel in figures.items()
         ]
+        if len(figures) > 1:
+            tables.append(f"Every task:\n\n{task_table(settings)}")
         print("\n\n".join(tables))
     return 0
 

@@ -387,6 +387,37 @@ def test_csvs_give_last_return_and_how_many_seeds_held(tmp_path, capsys):
     assert "| 0.8 ± 0 | 0.69 ± 0.13 | 1/2 | 5,000 |" in capsys.readouterr().out
 
 
+def test_a_suite_gets_a_table_of_every_task_by_memory_setting(tmp_path, capsys):
+    """--markdown over several tasks adds one table: a row per task, a column per memory
+    setting (mean ± spread to the decimal that shows it), then memory sizes and held runs."""
+    for job, (task, kind, seed, returns) in enumerate(
+        [
+            ("RepeatFirstEasy", "expire_span", 0, [0.2, 0.99995]),
+            ("RepeatFirstEasy", "expire_span", 1, [0.2, 0.99997]),
+            ("RepeatFirstEasy", "gru", 0, [0.2, 0.9, 0.7]),
+            ("CountRecallEasy", "gru", 0, [-0.5, -0.4]),
+        ]
+    ):
+        cfg = rl_config(kind, 200 if kind == "expire_span" else None, seed, env="popgym")
+        cfg["env"]["id"] = f"popgym:popgym-{task}-v0"
+        records = [
+            {"step": 1000 * (i + 1), "return": r, "mmer": max(returns[: i + 1])}
+            | {"memory_size": 5.0 + seed if kind == "expire_span" else 1.0}
+            for i, r in enumerate(returns)
+        ]
+        make_run(tmp_path / "sweep" / str(job), cfg, records)
+    assert main([str(tmp_path / "sweep"), "--out", str(tmp_path / "out"), "--markdown"]) == 0
+    table = capsys.readouterr().out.split("Every task:\n\n")[1].splitlines()
+    assert table[0] == (
+        "| task | Expire-Span 200 | GRU | memory size: Expire-Span 200, GRU "
+        "| held: Expire-Span 200, GRU |"
+    )
+    assert table[2:] == [
+        "| popgym-CountRecallEasy-v0 (mmer) |  | -0.400 | -, 1 | -, 1/1 |",
+        "| popgym-RepeatFirstEasy-v0 (mmer) | 0.99996 ± 0.00001 | 0.900 | 5.5, 1 | 2/2, 0/1 |",
+    ]
+
+
 def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
     def error_of(*argv):
         assert main([*argv, "--out", str(tmp_path / "out")]) == 2
