@@ -117,6 +117,33 @@ def start_and_kill(args, run_dir, lines, refuse_second=False):
     process.wait()
 
 
+def test_a_run_refused_a_directory_just_claimed_leaves_it_to_its_holder(tmp_path):
+    """Two commands started together on one directory (here a one-job multirun into it, which
+    Hydra writes before the trainer can check it): the one refused, the directory being in
+    use, removes nothing, though the holder has written nothing but its claim yet."""
+    run_dir = tmp_path / "sweep" / "job"
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from training.run_dir import claim_run_dir; claim_run_dir({str(run_dir)!r}); "
+            "print('claimed', flush=True); import time; time.sleep(120)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        sweep = [f"hydra.sweep.dir={run_dir.parent}", f"hydra.sweep.subdir={run_dir.name}"]
+        result = run(["-m", *TINY_RL, *sweep], tmp_path / "unused")
+        assert result.returncode == 2 and f"in use by process {holder.pid}" in result.stderr
+        assert str(holder.pid) in (run_dir / ".run.lock").read_text()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
     run_dir = tmp_path / "run"
     args = [*TINY_RL, "checkpoint_interval=3", "agent.lr_schedule=constant"]

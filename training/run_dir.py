@@ -68,15 +68,23 @@ HYDRA_FILES = (".hydra", CLAIM_FILE)  # and the job's log: what Hydra and the cl
 def discard_unused_run_dir() -> None:
     """Remove this job's run directory if it holds nothing but what Hydra and the claim wrote
     before the run was refused (its .hydra/, its log, .run.lock): a refused command leaves no
-    directory behind. A directory with anything else in it is left alone."""
+    directory behind. A directory with anything else in it is left alone, and so is one that
+    another live process claimed (a run in its first seconds, which refused this one)."""
     if not HydraConfig.initialized():
         return
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     log = f"{HydraConfig.get().job.name}.log"
     if not run_dir.is_dir() or any(p.name not in (*HYDRA_FILES, log) for p in run_dir.iterdir()):
         return
-    _claims.pop(run_dir.resolve(), None)
+    claim = _claims.pop(run_dir.resolve(), None)
+    if claim is None and fcntl is not None and (run_dir / CLAIM_FILE).exists():
+        try:
+            claim = _locked(run_dir)  # (held while the directory goes)
+        except ConfigError:
+            return
     shutil.rmtree(run_dir, ignore_errors=True)
+    if claim is not None:
+        claim.close()
     for parent in run_dir.resolve().parents:  # runs/rl/<env>-<memory>/, if Hydra made them
         if parent == Path.cwd() or Path.cwd() not in parent.parents or any(parent.iterdir()):
             break
