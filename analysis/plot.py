@@ -662,8 +662,9 @@ def _mean_std_text(mean: float, std: float, count: int) -> str:
 
 
 def _spread_text(mean: float, std: float, count: int) -> str:
-    """0.99987 ± 0.00001: three decimals, or as many as show the spread's first digit."""
-    decimals = 3 if std == 0 else min(6, max(3, -math.floor(math.log10(std))))
+    """0.99987 ± 0.00001: three decimals, or as many as show the spread's first digit (up to
+    six: a spread below that is rounding, shown as 0)."""
+    decimals = 3 if std < 1e-6 else max(3, -math.floor(math.log10(std)))
     return f"{mean:.{decimals}f}" + ("" if count == 1 else f" ± {std:.{decimals}f}")
 
 
