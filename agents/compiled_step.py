@@ -26,7 +26,7 @@ from agents.distributions import Noise, sample
 from memory import CoreOutput, MemoryState
 from memory.kind import Call
 from memory.store import SLOT_AXES, Slots
-from memory.transformer import layers_in_buffers
+from memory.transformer import BufferStep, layers_in_buffers
 
 if TYPE_CHECKING:
     from agents.actor_critic import ActorCritic, Previous
@@ -102,9 +102,26 @@ class CompiledStep:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, CoreOutput]:
         """`ActorCritic.act`'s action, log-probability, value and core output for one step,
         the action drawn from ``noise``."""
-        core = agent.core
-        batch = episode_start.shape[0]
-        plan = core.plan_step(state, batch, episode_start[:, None], agent.value.weight.dtype)
+        plan, inputs = self.plan(agent, obs, state, episode_start, previous, noise)
+        if self.runner is None:
+            self.compile(agent, inputs)
+            self.signature = (episode_start.shape[0], previous is not None, noise is None)
+        action, log_prob, value, hidden, count, spans = self.run(self.library_inputs(inputs))
+        return action, log_prob, value, agent.core.planned_output(plan, hidden, count, spans)
+
+    def plan(
+        self,
+        agent: ActorCritic,
+        obs: Any,
+        state: MemoryState,
+        episode_start: torch.Tensor,
+        previous: Previous | None,
+        noise: Noise,
+    ) -> tuple[BufferStep, tuple]:
+        """The core's plan of the step (`MemoryTransformer.plan_step`: its stores' room,
+        compactions included) and the compiled step's inputs for it."""
+        batch, dtype = episode_start.shape[0], agent.value.weight.dtype
+        plan = agent.core.plan_step(state, batch, episode_start[:, None], dtype)
         slots = tuple(torch.tensor(slot, device=state.device) for slot in plan.slots)
         call = plan.call
         inputs = (
@@ -118,14 +135,19 @@ class CompiledStep:
             call.query_begin,
             call.memory_begin,
         )
-        if self.runner is None:
-            self.compile(agent, inputs)
-            self.signature = (batch, previous is not None, noise is None)
+        return plan, inputs
+
+    def library_inputs(self, inputs: tuple) -> list[torch.Tensor]:
+        """What the compiled library takes for the step's ``inputs``: the weights, then the
+        inputs' tensors."""
+        return [*self.weights, *(leaf for leaf in tree_leaves(inputs) if leaf is not None)]
+
+    def run(self, library_inputs: list[torch.Tensor]) -> tuple:
+        """The compiled library's outputs: action, log-probability, value, the core's hidden
+        state, the count of keys seen and the new memories' spans."""
         # (the runner's own call reads its input and output layouts from JSON every time)
-        tensors = [leaf for leaf in tree_leaves(inputs) if leaf is not None]  # (no span: None)
-        outputs = self.runner.loader.boxed_run([*self.weights, *tensors])
-        action, log_prob, value, hidden, count, spans = tree_unflatten(outputs, self.outputs)
-        return action, log_prob, value, core.planned_output(plan, hidden, count, spans)
+        outputs = self.runner.loader.boxed_run(list(library_inputs))  # (it empties its list)
+        return tree_unflatten(outputs, self.outputs)
 
     def compile(self, agent: ActorCritic, inputs: tuple) -> None:
         """Compiles ``_EncodeAndStep`` for inputs like ``inputs``: its runner, its weights in

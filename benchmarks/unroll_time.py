@@ -13,7 +13,10 @@ all on the threads acting runs on (`acting_threads`):
   shapes and strides), replayed back to back, per update: what acting costs if nothing but
   its products took time;
 - `acting_floor_ms`: acting's matrix FLOPs per step (torch.utils.flop_counter) at the rate of
-  a large float32 product (`matrix_gflops`): the same FLOPs if they ran at that rate.
+  a large float32 product (`matrix_gflops`): the same FLOPs if they ran at that rate;
+- with `compile_acting=true`, `acting_compiled_call_ms`: the compiled step's library alone,
+  called again and again on one step's inputs, per update: acting without the Python around
+  the library (planning the step, its bookkeeping).
 Then one more unroll with acting under torch.profiler (`acting_profiled_ms`, per update): the
 matrix products in place, the other ATen operations, and the rest, Python and the profiler's
 own cost; and `acting_ops_per_step`, the operations Python calls per step.
@@ -37,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from agents.build import build_agent
+from agents.distributions import sampling_noise
 from agents.episodes import EpisodeStats
 from agents.play import Player
 from agents.rollout import Unroll, collect_unroll
@@ -124,6 +128,25 @@ def acting_parts(events, region: str) -> tuple[dict[str, float], int]:
     return parts, called
 
 
+def compiled_call_seconds(agent, player: Player, repeats: int = 300) -> float | None:
+    """Seconds per step of the compiled step's library (`compile_acting`) called on one
+    step's inputs, the least of 5 x ``repeats`` calls; None when acting is not compiled."""
+    compiled = agent.compiled_step
+    if compiled is None or compiled.runner is None:
+        return None
+    batch, dtype = player.episode_start.shape[0], agent.value.weight.dtype
+    noise = sampling_noise(agent.action_space, batch, dtype, player.device)
+    step = (player.obs, player.state, player.episode_start, player.previous, noise)
+    library_inputs = compiled.library_inputs(compiled.plan(agent, *step)[1])
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            compiled.run(library_inputs)
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return best
+
+
 def matrix_rate(size: int = 1024, repeats: int = 10) -> float:
     """GFLOP/s of a float32 (size x size) product on this CPU, on torch's threads."""
     a, b = torch.randn(size, size), torch.randn(size, size)
@@ -197,6 +220,8 @@ def main() -> None:
     with acting_threads(cfg.num_envs * agent.value.in_features) as acting_on:
         rate = matrix_rate()
         products_ms = recorder.replay_seconds() * cfg.unroll_len * 1000
+        with torch.no_grad():
+            compiled_seconds = compiled_call_seconds(agent, player)
     steps_per_update = cfg.num_envs * cfg.unroll_len
     floor_ms = flops * cfg.unroll_len / (rate * 1e9) * 1000
     result = {
@@ -216,6 +241,8 @@ def main() -> None:
         "acting_profiled_ms": {name: round(seconds * 1000, 1) for name, seconds in parts.items()},
         "acting_ops_per_step": round(called / cfg.unroll_len),
     }
+    if compiled_seconds is not None:
+        result["acting_compiled_call_ms"] = round(compiled_seconds * cfg.unroll_len * 1000, 1)
     vec_env.close()
     print(json.dumps(result))
 

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 from tiny_rl import TINY_RL
+from torch._inductor import cpu_vec_isa
 
+from agents.compiled_step import CHECKED_VECTOR_UNITS
 from scripts import ROOT, load_script
 
 
@@ -111,6 +113,19 @@ def test_unroll_time_splits_an_update_and_counts_acting_flops():
     assert acting["matrix_products"] > 0 and acting["other_ops"] > 0
     # at least each layer's q, k, v, output and two FFN products per step, and the heads
     assert timing["acting_ops_per_step"] >= 2 * 4 + 2
+
+
+@pytest.mark.skipif(
+    not str(cpu_vec_isa.pick_vec_isa()).startswith(CHECKED_VECTOR_UNITS),
+    reason="compile_acting is refused on this CPU's vector unit",
+)
+def test_unroll_time_times_the_compiled_call_alone():
+    """compile_acting: the compiled step's library called alone takes less than acting, which
+    also plans each step; acting eagerly reports no such figure."""
+    short = ["--updates", "2", "--warmup", "1", "--threads", "1", *TINY_RL]
+    timing = benchmark_json("unroll_time.py", *short, "compile_acting=true", "num_envs=8")
+    assert 0 < timing["acting_compiled_call_ms"] < timing["ms_per_update"]["acting"]
+    assert "acting_compiled_call_ms" not in benchmark_json("unroll_time.py", *short)
 
 
 def test_recurrent_cells_times_each_layer_in_both_shapes():
