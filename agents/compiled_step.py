@@ -13,6 +13,9 @@ too; the random numbers a sample is drawn from are drawn eagerly, before the cal
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
 
 
 CHECKED_VECTOR_UNITS = ("avx512", "avx2")  # as torch's inductor names them
+LOAD = "import sys, torch; torch._inductor.aoti_load_package(sys.argv[1])"  # (load_apart's)
 
 
 class _EncodeAndStep(nn.Module):
@@ -177,7 +181,13 @@ class CompiledStep:
                 path = torch._inductor.aoti_compile_and_package(
                     exported, package_path=str(Path(folder) / "step.pt2")
                 )
+                load_apart(path)
                 self.runner = torch._inductor.aoti_load_package(path)
+        except LoadFailed as error:
+            raise RuntimeError(
+                f"compile_acting: {error} on this machine; act without it "
+                "(train_rl.py: compile_acting=false)"
+            ) from None
         except Exception as error:  # the compiler's errors are many and long
             raise RuntimeError(
                 "compile_acting could not compile the agent's step on this machine "
@@ -185,6 +195,20 @@ class CompiledStep:
             ) from error
         self.weights = tree_leaves(weights)
         self.outputs = treespec_loads(self.runner.loader.get_call_spec()[1])
+
+
+class LoadFailed(Exception):
+    """Loading the compiled step in a process of its own failed."""
+
+
+def load_apart(path: str) -> None:
+    """Loads the compiled step at ``path`` in a Python process of its own first: on one
+    machine loading any AOTInductor package crashed the process that loaded it
+    (docs/performance.md, "On a GPU"), which would end a run without saying why."""
+    code = subprocess.run([sys.executable, "-c", LOAD, path], capture_output=True).returncode
+    if code:
+        ended = signal.Signals(-code).name if code < 0 else f"exit status {code}"
+        raise LoadFailed(f"loading the compiled step in a process of its own ended in {ended}")
 
 
 def add_biases_apart(module: torch.fx.GraphModule) -> None:

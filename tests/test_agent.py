@@ -522,6 +522,24 @@ def test_a_step_that_cannot_compile_says_how_to_act_without(monkeypatch):
     assert "\n" not in str(error.value)
 
 
+def test_a_step_whose_loading_crashes_a_process_is_refused_in_one_line(monkeypatch):
+    """Where loading a compiled package crashes the process that loads it (seen on one
+    machine), the step is loaded in a process of its own first, and its crash is a one-line
+    error that says how to act without it, not the end of the run."""
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"
+    monkeypatch.setattr(compiled_step, "LOAD", crash)
+    monkeypatch.setattr(  # (the package is not needed: its loading crashes)
+        torch._inductor, "aoti_compile_and_package", lambda exported, package_path: package_path
+    )
+    agent = make_agent("expire_span").eval()
+    agent.compile_acting()
+    obs = torch.zeros(2, *OBS_SHAPE, dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match="compile_acting=false") as error:
+        agent.act(obs, agent.initial_state(2), torch.ones(2, dtype=torch.bool))
+    assert "SIGSEGV" in str(error.value) and "\n" not in str(error.value)
+    assert agent.compiled_step.runner is None
+
+
 @pytest.mark.parametrize("isa", ["VecNEON", "VecVSX"])
 def test_a_step_vectorized_for_an_unchecked_unit_is_refused(isa, monkeypatch):
     """The step compiled for AVX-512 and AVX2 was checked against the eager step (above; CI
