@@ -1,7 +1,12 @@
-"""The training scripts in the repository root, loaded as modules for in-process tests."""
+"""The training scripts in the repository root, loaded as modules for in-process tests, and
+the processes the tests start beside them."""
 
+import contextlib
 import importlib.util
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import training.run
@@ -36,3 +41,26 @@ def record_closing(monkeypatch) -> list[str]:
         MetricsLogger, "close", lambda self, exit_code=0: closed.append(f"logger {exit_code}")
     )
     return closed
+
+
+@contextlib.contextmanager
+def claimed_by_another_process(run_dir: Path) -> Iterator[subprocess.Popen]:
+    """A Python process that holds the claim on ``run_dir`` (`training.run_dir.claim_run_dir`)
+    while the block runs, and is killed after it."""
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from training.run_dir import claim_run_dir; claim_run_dir({str(run_dir)!r}); "
+            "print('claimed', flush=True); import time; time.sleep(300)",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()

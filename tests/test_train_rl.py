@@ -22,7 +22,7 @@ from agents import BASELINE_KINDS
 from agents.build import build_agent
 from envs.registry import make_env
 from memory import kind_names
-from scripts import load_script, record_closing
+from scripts import claimed_by_another_process, load_script, record_closing
 from training import rank_seed, save_resolved_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,26 +122,11 @@ def test_a_run_refused_a_directory_just_claimed_leaves_it_to_its_holder(tmp_path
     Hydra writes before the trainer can check it): the one refused, the directory being in
     use, removes nothing, though the holder has written nothing but its claim yet."""
     run_dir = tmp_path / "sweep" / "job"
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"from training.run_dir import claim_run_dir; claim_run_dir({str(run_dir)!r}); "
-            "print('claimed', flush=True); import time; time.sleep(120)",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "claimed"
+    with claimed_by_another_process(run_dir) as holder:
         sweep = [f"hydra.sweep.dir={run_dir.parent}", f"hydra.sweep.subdir={run_dir.name}"]
         result = run(["-m", *TINY_RL, *sweep], tmp_path / "unused")
         assert result.returncode == 2 and f"in use by process {holder.pid}" in result.stderr
         assert str(holder.pid) in (run_dir / ".run.lock").read_text()
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):

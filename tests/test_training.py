@@ -27,6 +27,7 @@ from omegaconf import OmegaConf
 
 import training.host
 import training.progress
+from scripts import claimed_by_another_process
 from training import (
     ConfigError,
     DistInfo,
@@ -757,26 +758,11 @@ def test_disk_full_while_logging_metrics_is_one_error(tmp_path, monkeypatch):
 def test_a_run_directory_belongs_to_one_live_process(tmp_path):
     """A second process is refused, naming the holder; once the holder is killed its claim
     is gone and the directory can be claimed (a resume after a crash)."""
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            f"from training.run_dir import claim_run_dir; claim_run_dir({str(tmp_path)!r}); "
-            "print('claimed', flush=True); import time; time.sleep(60)",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert holder.stdout.readline().strip() == "claimed"
+    with claimed_by_another_process(tmp_path) as holder:
         with pytest.raises(ConfigError, match=f"in use by process {holder.pid} on "):
             claim_run_dir(tmp_path)
         with pytest.raises(ConfigError, match=f"in use by process {holder.pid} on "):
             refuse_claimed(tmp_path)
-    finally:
-        holder.kill()
-        holder.wait()
     refuse_claimed(tmp_path)
     claim_run_dir(tmp_path)  # the killed holder's claim left nothing behind
     assert str(os.getpid()) in (tmp_path / ".run.lock").read_text()
