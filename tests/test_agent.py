@@ -8,6 +8,7 @@ import pytest
 import torch
 from gymnasium import spaces
 from omegaconf import OmegaConf
+from torch._inductor.exc import CppCompileError
 from torch.distributions import Categorical, kl_divergence
 
 from agents import (
@@ -512,7 +513,14 @@ def test_biases_added_apart_from_their_products_give_the_same_outputs():
 
 
 def test_a_step_that_cannot_compile_says_how_to_act_without(monkeypatch):
-    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("no-such-compiler",))
+    """The compiler's error (here the one a missing C++ compiler gives) becomes one line that
+    says how to act without compiling. (The compiler is not really pointed at a missing
+    program: inductor caches what that finds, and a later compile in the process fails.)"""
+
+    def no_compiler(exported, package_path):
+        raise CppCompileError(["no-such-compiler"], "not found")
+
+    monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", no_compiler)
     monkeypatch.setattr(compiled_step, "refuse_unchecked_target", lambda device: None)
     agent = make_agent("expire_span").eval()
     agent.compile_acting()
