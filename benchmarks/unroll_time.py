@@ -16,7 +16,9 @@ all on the threads acting runs on (`acting_threads`):
   a large float32 product (`matrix_gflops`): the same FLOPs if they ran at that rate;
 - with `compile_acting=true`, `acting_compiled_call_ms`: the compiled step's library alone,
   called again and again on one step's inputs, per update: acting without the Python around
-  the library (planning the step, its bookkeeping).
+  the library (planning the step, its bookkeeping); and `acting_library_in_run_ms`, the same
+  library's calls timed where acting made them in the timed updates: acting less this is the
+  Python around the library.
 Then one more unroll with acting under torch.profiler (`acting_profiled_ms`, per update): the
 matrix products in place, the other ATen operations, and the rest, Python and the profiler's
 own cost; and `acting_ops_per_step`, the operations Python calls per step.
@@ -179,6 +181,9 @@ def main() -> None:
     bootstrap_truncated = not named_env(cfg.env.name).step_limit_ends_episode
 
     acting, stepping, learning, collecting = Timer(), Timer(), Timer(), Timer()
+    library = Timer()  # the compiled step's library, in acting (`compile_acting`)
+    if agent.compiled_step is not None:
+        agent.compiled_step.run = library.wrap(agent.compiled_step.run)
     act = agent.act
     agent.act = acting.wrap(act)
     vec_env.step = stepping.wrap(vec_env.step)
@@ -186,7 +191,7 @@ def main() -> None:
     update = learning.wrap(learner.update)
     for index in range(updates):
         if index == args.warmup:
-            for timer in (acting, stepping, learning, collecting):
+            for timer in (acting, stepping, learning, collecting, library):
                 timer.seconds = 0.0
             memory_sizes, start = [], time.perf_counter()
         collect(agent, player, unroll, SpanStats(), bootstrap_truncated)
@@ -199,6 +204,7 @@ def main() -> None:
         for name, timer in (("acting", acting), ("envs", stepping), ("learner", learning))
     }
     rest = collecting.seconds - acting.seconds - stepping.seconds
+    library_ms = library.seconds / args.updates * 1000
     per_update["other_collecting"] = round(rest / args.updates * 1000, 1)
 
     def act_as_region(*args, **kwargs):
@@ -243,6 +249,7 @@ def main() -> None:
     }
     if compiled_seconds is not None:
         result["acting_compiled_call_ms"] = round(compiled_seconds * cfg.unroll_len * 1000, 1)
+        result["acting_library_in_run_ms"] = round(library_ms, 1)
     vec_env.close()
     print(json.dumps(result))
 
