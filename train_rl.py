@@ -67,6 +67,7 @@ from training import (
     check_writable,
     command_line_overrides,
     describe_preset,
+    env_seeds,
     eval_writes_nothing,
     exit_on_config_error,
     gather_rank_states,
@@ -116,6 +117,7 @@ def check_config(cfg: DictConfig) -> None:
     for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
         check_positive_int(key, cfg[key])
     check_whole("checkpoint_keep", cfg.checkpoint_keep)
+    check_whole("seed", cfg.seed)  # (env_seeds draws from NumPy's SeedSequence of it)
     check_positive("agent.lr", cfg.agent.lr)
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
@@ -204,7 +206,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         agent.to(dist.device)
         learner = Learner(agent, cfg.agent, num_updates, dist)
         player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
-        player.reset(seed=rank_seed(cfg.seed, dist.rank))
+        player.reset(env_seeds(cfg.seed, dist.rank, cfg.num_envs, "train"))
         unroll = Unroll(player, cfg.unroll_len)
         span_stats, interval = SpanStats(), UpdateMeans(maxima=[BEHAVIOUR_RATIO_ERROR])
         progress = RunProgress()

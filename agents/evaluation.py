@@ -18,7 +18,7 @@ from agents.play import Player
 from agents.probes import SpanProbe, keep_new_memories, success_by_case, success_by_length
 from envs.registry import make_env, make_vector_env, named_env
 from memory import MemoryTransformer
-from training.seeding import eval_seed
+from training.seeding import env_seeds
 
 
 def evaluate_agent(
@@ -43,7 +43,7 @@ def evaluate_agent(
     extra = ("corridor_length", *layout) if corridor else ()
     stats = EpisodeStats(eval_cfg.num_envs, env_cfg.name, extra)
     player = Player(vec_env, agent, stats)
-    player.reset(seed=eval_seed(seed))  # layouts that training never started from
+    player.reset(env_seeds(seed, 0, eval_cfg.num_envs, "eval"))  # streams training never drew
     memory_sizes = []
     # Every environment plays its share of the episodes, so that exactly eval.episodes are
     # counted and short episodes are not favoured (as stopping at the first N to end would).
@@ -101,7 +101,7 @@ def record_episode(
         autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
     )
     player = Player(vec_env, agent, EpisodeStats(1, env_cfg.name))
-    player.reset(seed=eval_seed(seed))
+    player.reset(env_seeds(seed, 0, 1, "record"))
     frames, done = [vec_env.render()[0]], False
     while not done:
         step = player.step(agent, greedy)

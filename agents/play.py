@@ -15,8 +15,11 @@ from gymnasium.vector.utils import create_empty_array
 from agents.actor_critic import ActorCritic, Previous
 from agents.encoders import map_observation
 from agents.episodes import EpisodeStats, episode_info
+from envs.vector import MazeBaseVectorEnv
 from memory import CoreOutput
 from training.config import ConfigError
+
+PER_ENV_SEEDS = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv, MazeBaseVectorEnv)
 
 
 def to_device(obs: Any, device: torch.device | str) -> Any:
@@ -79,8 +82,10 @@ class Player:
             torch.zeros(num_envs, device=self.device),
         )
 
-    def reset(self, seed: int | None) -> None:
-        obs, _ = self.vec_env.reset(seed=seed)
+    def reset(self, seeds: list[int] | None) -> None:
+        """The first reset, which seeds each env (`training.seeding.env_seeds`); autoreset
+        continues each env's own stream after it."""
+        obs, _ = self.vec_env.reset(seed=seeds_taken_by(self.vec_env, seeds))
         self.obs = to_device(obs, self.device)
 
     def step(
@@ -149,6 +154,15 @@ class Player:
         self.previous = tuple(x.to(self.device) for x in saved["previous"])
         self.state = type(self.state).from_state_dict(saved["memory"], self.device)
         self.stats.load_state_dict(saved["episodes"])
+
+
+def seeds_taken_by(vec_env: gym.vector.VectorEnv, seeds: list[int] | None) -> Any:
+    """`seeds`, one per env, as `vec_env` takes them. Gymnasium's vector envs over single envs
+    and the MazeBase cores seed each env; another batched env (a vector entry point, such as
+    CartPole's) seeds its one generator with the first."""
+    if seeds is None or isinstance(vec_env.unwrapped, PER_ENV_SEEDS):
+        return seeds
+    return seeds[0]
 
 
 def _as_tensors(value: Any) -> Any:

@@ -48,7 +48,7 @@ from agents.play import Player
 from agents.rollout import Unroll, collect_unroll
 from agents.update import Learner
 from envs.registry import make_vector_env, named_env
-from training import SpanStats, seed_everything, use_host
+from training import SpanStats, env_seeds, seed_everything, use_host
 from training.distributed import DistInfo
 from training.host import acting_threads
 
@@ -176,7 +176,7 @@ def main() -> None:
     dist = DistInfo()  # one process on the CPU
     learner = Learner(agent, cfg.agent, updates, dist)
     player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
-    player.reset(seed=cfg.seed)
+    player.reset(env_seeds(cfg.seed, 0, cfg.num_envs, "train"))
     unroll = Unroll(player, cfg.unroll_len)
     bootstrap_truncated = not named_env(cfg.env.name).step_limit_ends_episode
 

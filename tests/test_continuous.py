@@ -22,7 +22,7 @@ from agents.episodes import EpisodeStats
 from agents.play import Player
 from agents.recurrent import RecurrentCore
 from scripts import load_script, script_env
-from training import ConfigError
+from training import ConfigError, env_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ["env=gym", "env.id=fake_envs:Target-v0", "memory=gru", "memory.dim=16"]
@@ -71,7 +71,7 @@ def test_the_env_gets_the_action_clipped_and_the_agent_keeps_the_one_it_sampled(
     step_envs = vec_env.step
     vec_env.step = lambda actions: (taken.append(actions), step_envs(actions))[1]
     player = Player(vec_env, agent, EpisodeStats(16, "gym"))
-    player.reset(seed=0)
+    player.reset(env_seeds(0, 0, 16, "train"))
     obs, start = player.obs, player.episode_start
     step = player.step(agent)
     assert step.action.abs().max() > 1

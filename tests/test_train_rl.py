@@ -17,13 +17,14 @@ from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RL, TINY_RUN
 
 import agents.evaluation
+import agents.play
 import agents.update
 from agents import BASELINE_KINDS
 from agents.build import build_agent
 from envs.registry import make_env
 from memory import kind_names
 from scripts import claimed_by_another_process, load_script, record_closing
-from training import rank_seed, save_resolved_config
+from training import env_seeds, save_resolved_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,6 +51,7 @@ def steps_logged(run_dir):
     [
         ("memory.max_span=-1", "max_span"),
         ("num_envs=0", "num_envs"),
+        ("seed=-1", "seed=-1 must be >= 0"),
         ("agent.optimizer=sgd", "rmsprop"),
         ("agent.lr_schedule=cosine", "linear"),
         ("wandb.mode=sometimes", "offline"),
@@ -537,27 +539,30 @@ def test_logged_losses_are_means_over_every_minibatch_of_the_interval(tmp_path, 
         assert logged[key] != pytest.approx(taken[-1][index], rel=1e-5, abs=1e-7)
 
 
-def test_evaluation_plays_layouts_training_never_started_from(monkeypatch):
-    """Training env i of rank r starts from seed + r * stride + i; evaluation's envs start
-    from seeds none of those reach (torchrun jobs of up to 8 ranks of 1024 envs here)."""
-    seeds, make_envs = [], agents.evaluation.make_vector_env
-
-    def spied_envs(*args):
-        vec_env = make_envs(*args)
-        reset = vec_env.reset
-        vec_env.reset = lambda seed=None, **kwargs: (seeds.append(seed), reset(seed=seed))[1]
-        return vec_env
-
-    monkeypatch.setattr(agents.evaluation, "make_vector_env", spied_envs)
+def test_training_evaluation_and_recording_seed_their_envs_apart(tmp_path, monkeypatch):
+    """Each first reset takes `env_seeds(seed, rank, n, purpose)`: training's, evaluation's and
+    a recorded episode's streams, none of which another purpose or rank (of up to 8 ranks of
+    1024 envs here) draws."""
+    train_rl = load_script("train_rl")
+    monkeypatch.chdir(tmp_path)
+    seeds, reset = [], agents.play.Player.reset
+    monkeypatch.setattr(
+        agents.play.Player, "reset", lambda self, s: (seeds.append(s), reset(self, s))[1]
+    )
+    overrides = [*TINY_RL, "seed=3", f"total_steps={STEPS_PER_UPDATE}", "eval.episodes=4"]
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        cfg = compose("rl", overrides=[*TINY_RL, "eval.episodes=4", "seed=3"])
+        cfg = compose("rl", overrides=overrides)
+    train_rl.train(cfg, None)
     single = make_env(cfg.env)
     agent = build_agent(cfg, single.observation_space, single.action_space)
-    agents.evaluation.evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
-    (first,) = seeds
-    evaluated = {first + i for i in range(cfg.eval.num_envs)}
-    trained = {rank_seed(cfg.seed, rank) + i for rank in range(8) for i in range(1024)}
-    assert not evaluated & trained
+    agents.evaluation.record_episode(agent, cfg.env, tmp_path / "episode.txt", 3, greedy=True)
+    assert seeds == [
+        env_seeds(3, 0, cfg.num_envs, "train"),
+        env_seeds(3, 0, cfg.eval.num_envs, "eval"),
+        env_seeds(3, 0, 1, "record"),
+    ]
+    trained = {s for rank in range(8) for s in env_seeds(3, rank, 1024, "train")}
+    assert not set(seeds[1] + seeds[2]) & trained
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,6 @@ from training import (
     get_run_dir,
     load_checkpoint,
     progress_bar,
-    rank_seed,
     read_metrics,
     refuse_added_keys,
     resolve_device,
@@ -388,11 +387,6 @@ def test_rng_state_restored_from_a_checkpoint_repeats_the_same_draws(tmp_path):
     restore_rng_state(load_checkpoint(tmp_path)["rng"])
     again = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3).tolist())
     assert first == again
-
-
-def test_rank_seed_keeps_rank_zero_and_separates_ranks():
-    assert rank_seed(5, 0) == 5
-    assert len({rank_seed(5, rank) + env for rank in range(4) for env in range(1000)}) == 4000
 
 
 # --- run directory and metrics ----------------------------------------------------------

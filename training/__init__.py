@@ -82,7 +82,7 @@ from training.run_dir import (
     save_resolved_config,
 )
 from training.seeding import (
-    eval_seed,
+    env_seeds,
     rank_seed,
     restore_rng_state,
     rng_state,
@@ -121,7 +121,7 @@ __all__ = [
     "command_line_overrides",
     "eval_writes_nothing",
     "describe_preset",
-    "eval_seed",
+    "env_seeds",
     "exit_on_config_error",
     "gather_parameter_digests",
     "gather_rank_states",

@@ -12,26 +12,36 @@ from typing import Any
 import numpy as np
 import torch
 
-# Rank r seeds with seed + r * RANK_SEED_STRIDE: rank 0 keeps the config's seed (a one-process
-# run and rank 0 of a torchrun job match), and per-environment seeds seed + i of different
-# ranks never overlap while a rank has fewer environments than the stride.
+# Rank r seeds its global generators (PyTorch's sampling, NumPy's, Python's) with
+# seed + r * RANK_SEED_STRIDE: rank 0 keeps the config's seed, so a one-process run and rank 0
+# of a torchrun job match. Environments are seeded apart, by `env_seeds`.
 RANK_SEED_STRIDE = 1_000_000
 
 
 def rank_seed(seed: int, rank: int) -> int:
-    """The seed of process `rank` in a job started with `seed`."""
+    """The seed of process `rank`'s global generators in a job started with `seed`."""
     return seed + rank * RANK_SEED_STRIDE
 
 
-# Evaluation seeds its environments with seed + EVAL_SEED_OFFSET (+ i for env i): past every
-# training seed of a job of fewer than 1000 ranks, so evaluation plays layouts training never
-# started from.
-EVAL_SEED_OFFSET = 1000 * RANK_SEED_STRIDE
+# What a run's environments are for; each purpose draws streams of its own, so evaluation and
+# recording play layouts that training never started from.
+PURPOSES = ("train", "eval", "record")
 
 
-def eval_seed(seed: int) -> int:
-    """The seed evaluation starts its environments from, in a run started with `seed`."""
-    return seed + EVAL_SEED_OFFSET
+def env_seeds(seed: int, rank: int, num_envs: int, purpose: str) -> list[int]:
+    """One 64-bit seed per environment of process `rank`, for `purpose` ("train", "eval" or
+    "record"), drawn from NumPy's SeedSequence of (seed, rank, purpose).
+
+    Every run, rank, purpose and environment gets a stream of its own. Gymnasium's int seed
+    (env i seeded with seed + i) would make runs on adjacent seeds share all but one stream;
+    64 bits keep the draws of many runs apart (32-bit seeds collide by the birthday bound).
+    """
+    if purpose not in PURPOSES:
+        raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
+    if seed < 0 or rank < 0:
+        raise ValueError(f"seeds and ranks are non-negative integers, got seed={seed} rank={rank}")
+    sequence = np.random.SeedSequence(seed, spawn_key=(rank, PURPOSES.index(purpose)))
+    return [int(word) for word in sequence.generate_state(num_envs, np.uint64)]
 
 
 def seed_everything(seed: int) -> None:
