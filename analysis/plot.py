@@ -16,7 +16,10 @@ a single run directory, or a directory holding several of either. Writes to OUT_
 - overview.png, all those panels side by side, when there are several.
 
 `--markdown` prints the settings as markdown tables, one per figure, and where there are several
-figures (a suite of tasks) one more, a row per task and a column per memory setting.
+figures (a suite of tasks) one more, a row per task and a column per memory setting; for RL runs
+over several tasks also the rliable aggregate (`analysis.aggregate`: normalised final scores and
+POPGym's MMER per task, IQM and probability of improvement across seeds and learned tasks), and
+draws it in aggregate.png (needs the `stats` extra).
 
 The task is the env config's name (corridor, portal, ...) or the LM task's, except for the
 env configs that take any Gymnasium id (env=gym, env=popgym), where it is the id: a POPGym
@@ -58,9 +61,11 @@ from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global 
 from omegaconf import OmegaConf
 
 from agents import BASELINE_KINDS
+from analysis.aggregate import AggregateError, aggregate_markdown, plot_aggregate, score_run
 from analysis.runs import LM, run_kind
 from envs.registry import NAMED_ENVS
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
+from training.extras import installed
 
 FINAL_POINTS = 5
 MEMORY_SIZE = "memory_size"
@@ -68,6 +73,7 @@ EVAL_PREFIXES = ("valid_", "test_")  # metrics from full evaluation passes: the 
 RUNNING_MAXIMA = ("mmer",)  # the best so far: the last one counts too
 TEXT_TASKS = ("enwik8", "text")
 RETURN = "return"  # the interval mean episode return, the series MMER is the maximum of
+AGGREGATED_METRICS = ("mmer", "return", "success")  # those analysis.aggregate normalises
 HOLD_TOLERANCE = 0.1  # POPGym returns are normalised and success is a rate: a tenth is a real drop
 # An interval within this of the best has reached it: a plateau's interval means differ by noise,
 # so its first interval, not the one that happens to round highest, is where the best begins.
@@ -754,8 +760,44 @@ def main(argv: Sequence[str] | None = None) -> int:
         ]
         if len(figures) > 1:
             tables.append(f"Every task:\n\n{task_table(settings)}")
+            try:
+                text, path = write_aggregate(settings, args.out)
+                tables.append(text)
+                if path is not None:
+                    print(path, file=sys.stderr)
+            except AggregateError as error:
+                _warn("no aggregate across tasks", [str(error)])
         print("\n\n".join(tables))
     return 0
+
+
+def write_aggregate(settings: Sequence[Setting], out_dir: Path) -> tuple[str, Path | None]:
+    """The rliable tables of RL runs over several tasks (`analysis.aggregate`) and
+    OUT_DIR/aggregate.png; nothing for runs whose metrics have no known range."""
+    runs = [run for setting in settings for run in setting.runs]
+    unknown = sorted({run.metric for run in runs} - set(AGGREGATED_METRICS))
+    if unknown:
+        raise AggregateError(f"no known range for {', '.join(unknown)}, so no normalised score")
+    if not installed("rliable"):
+        raise AggregateError(
+            'the aggregate needs rliable, which is not installed: pip install -e ".[stats]"'
+        )
+    scores = [
+        score_run(
+            run.run_dir,
+            run.group,
+            " ".join(filter(None, (run.kind, run.setting))),
+            run.seed,
+            run.metric,
+        )
+        for run in runs
+    ]
+    text, result = aggregate_markdown(scores)
+    if "iqm" not in result:
+        return text, None
+    path = out_dir / "aggregate.png"
+    _save_png(plot_aggregate(result), path)
+    return text, path
 
 
 if __name__ == "__main__":

@@ -1,0 +1,303 @@
+"""Memories compared across seeds and tasks with the field's statistics: `rliable` (Agarwal et
+al., *Deep RL at the Edge of the Statistical Precipice*, NeurIPS 2021).
+
+- A run's **final score** is its task metric's mean over the last LAST_FRACTION of its steps,
+  normalised to [0, 1]: POPGym's returns (in [-1, 1]) as (r + 1) / 2, success rates as they are.
+- Its **MMER** is POPGym's (Morad et al., ICLR 2023): the best mean episode return over
+  consecutive windows of at least MMER_WINDOW steps, in the return's own units. (The `mmer`
+  a run logs is the best of single log intervals, which a short interval inflates.)
+- A task is **learned** when some memory's mean final score is at least LEARNED_GAIN above the
+  task's starting level: the mean final score of its runs without memory (`memory=mlp`) where
+  there are some, else its runs' mean score over their first logged interval. An unlearned task
+  is reported as such and left out of the aggregates.
+- Across seeds and learned tasks: the **IQM** of final scores with a 95% stratified-bootstrap
+  interval (runs resampled within each task), and the **probability of improvement** of a
+  reference memory over each other one, with its interval.
+
+Needs the `stats` extra (pip install -e ".[stats]").
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from training import METRICS_FILE, read_metrics
+
+LAST_FRACTION = 0.1
+MMER_WINDOW = 64_000
+LEARNED_GAIN = 0.1  # in normalised units: a tenth of the task's range
+BOOTSTRAP_REPS = 2_000  # (rliable's default, 50,000, takes minutes per pair on one core)
+CONFIDENCE = 0.95
+REFERENCE_KIND = "expire_span"
+NO_MEMORY = "mlp"
+
+
+class AggregateError(Exception):
+    """Runs that cannot be aggregated as asked (uneven seeds, a metric with no known range)."""
+
+
+@dataclass(frozen=True)
+class RunScore:
+    """One run's scores: `final` and `start` normalised to [0, 1], `mmer` in return units."""
+
+    task: str
+    kind: str
+    seed: int
+    final: float
+    start: float
+    mmer: float | None
+
+
+def normalise(metric: str, value: float) -> float:
+    """A task metric on [0, 1]: POPGym's returns, in [-1, 1], as (r + 1) / 2; rates as they are."""
+    if metric in ("return", "mmer"):
+        return (value + 1) / 2
+    if metric == "success":
+        return value
+    raise AggregateError(
+        f"no known range for the metric {metric!r}: only POPGym's returns and success rates are "
+        "normalised and aggregated"
+    )
+
+
+def final_mean(records: Sequence[dict[str, Any]], key: str) -> float:
+    """`key`'s mean over the records logged in the last LAST_FRACTION of the run's steps."""
+    last_step = records[-1]["step"]
+    tail = [r[key] for r in records if r["step"] > (1 - LAST_FRACTION) * last_step and key in r]
+    return float(np.mean(tail)) if tail else math.nan
+
+
+def popgym_mmer(records: Sequence[dict[str, Any]], window: int = MMER_WINDOW) -> float:
+    """The best mean episode return over consecutive windows of at least `window` steps, each
+    logged interval's return weighted by its episodes; a last window shorter than `window`
+    joins the one before it (a run shorter than `window` is one window)."""
+    steps = np.diff([0, *(r["step"] for r in records)])
+    returns = np.array([r.get("return", math.nan) for r in records], dtype=float)
+    episodes = np.array([r.get("episodes", 1.0) for r in records], dtype=float)
+    episodes[np.isnan(returns)] = 0.0
+    bounds, covered = [0], 0
+    for i, length in enumerate(steps):
+        covered += length
+        if covered >= window:
+            bounds.append(i + 1)
+            covered = 0
+    if covered:  # a short tail joins the last full window (or is the one window of a short run)
+        bounds[-1:] = [len(records)] if len(bounds) > 1 else [0, len(records)]
+    means = [
+        np.nansum(returns[a:b] * episodes[a:b]) / episodes[a:b].sum()
+        for a, b in zip(bounds, bounds[1:], strict=False)
+        if episodes[a:b].sum() > 0
+    ]
+    return float(max(means)) if means else math.nan
+
+
+def score_run(run_dir: str | Path, task: str, kind: str, seed: int, metric: str) -> RunScore:
+    """A run's scores from its metrics.jsonl; `metric` is its task metric (`mmer` reads the
+    `return` it is the maximum of)."""
+    records = read_metrics(Path(run_dir) / METRICS_FILE)
+    key = "return" if metric == "mmer" else metric
+    first = next((r[key] for r in records if key in r and not math.isnan(r[key])), math.nan)
+    return RunScore(
+        task=task,
+        kind=kind,
+        seed=seed,
+        final=normalise(key, final_mean(records, key)),
+        start=normalise(key, first),
+        mmer=popgym_mmer(records) if key == "return" else None,
+    )
+
+
+def starting_level(runs: Sequence[RunScore]) -> float:
+    """A task's level before memory helps: what its runs without memory end at, where there are
+    some (a task solved without memory is not a memory's), else where its runs start."""
+    memoryless = [run.final for run in runs if run.kind.split()[0] == NO_MEMORY]
+    return float(np.mean(memoryless if memoryless else [run.start for run in runs]))
+
+
+def learned_tasks(scores: Sequence[RunScore]) -> dict[str, bool]:
+    """Per task: whether some memory's mean final score is LEARNED_GAIN above its starting level."""
+    by_task: dict[str, list[RunScore]] = defaultdict(list)
+    for score in scores:
+        by_task[score.task].append(score)
+    learned = {}
+    for task, runs in by_task.items():
+        kinds = {run.kind for run in runs if run.kind.split()[0] != NO_MEMORY}
+        best = max(np.mean([run.final for run in runs if run.kind == kind]) for kind in kinds)
+        learned[task] = bool(best >= starting_level(runs) + LEARNED_GAIN)
+    return learned
+
+
+def score_matrices(
+    scores: Sequence[RunScore], tasks: Sequence[str], value: str = "final"
+) -> dict[str, np.ndarray]:
+    """Per memory kind, its runs x tasks matrix of `value` (runs ordered by seed); every task
+    must have the same number of runs of a kind."""
+    matrices = {}
+    for kind in sorted({score.kind for score in scores}):
+        columns = []
+        for task in tasks:
+            runs = sorted((s for s in scores if s.kind == kind and s.task == task), key=_seed)
+            columns.append([getattr(run, value) for run in runs])
+        counts = {task: len(column) for task, column in zip(tasks, columns, strict=True)}
+        if len(set(counts.values())) != 1:
+            raise AggregateError(
+                f"{kind} has {counts} runs per task: the stratified bootstrap needs as many runs "
+                "of a memory on every task (finish or leave out the missing runs)"
+            )
+        matrices[kind] = np.array(columns, dtype=float).T
+    return matrices
+
+
+def iqm_intervals(
+    matrices: dict[str, np.ndarray], reps: int = BOOTSTRAP_REPS
+) -> dict[str, tuple[float, float, float]]:
+    """Per kind: IQM over runs and tasks, and its 95% stratified-bootstrap interval."""
+    from rliable import library, metrics
+
+    points, intervals = _bootstrap(
+        library, matrices, lambda x: np.array([metrics.aggregate_iqm(x)]), reps
+    )
+    return {k: (float(points[k][0]), *map(float, intervals[k][:, 0])) for k in matrices}
+
+
+def improvement_intervals(
+    matrices: dict[str, np.ndarray], reference: str = REFERENCE_KIND, reps: int = BOOTSTRAP_REPS
+) -> dict[str, tuple[float, float, float]]:
+    """Per other kind: the probability that `reference` improves on it (a run of `reference`
+    scores above one of the other's on the same task, ties counting half, averaged over tasks),
+    and its 95% stratified-bootstrap interval."""
+    from rliable import library, metrics
+
+    pairs = {k: (matrices[reference], m) for k, m in matrices.items() if k != reference}
+    if reference not in matrices or not pairs:
+        return {}
+    points, intervals = _bootstrap(library, pairs, metrics.probability_of_improvement, reps)
+    return {k: (float(points[k]), *map(float, np.ravel(intervals[k]))) for k in pairs}
+
+
+def verdict(interval: tuple[float, float, float]) -> str:
+    """What a probability-of-improvement interval shows: better, worse, or not resolved."""
+    _, low, high = interval
+    if low > 0.5:
+        return "improves"
+    if high < 0.5:
+        return "trails"
+    return "not resolved"
+
+
+def aggregate_markdown(
+    scores: Sequence[RunScore], reference: str = REFERENCE_KIND, reps: int = BOOTSTRAP_REPS
+) -> tuple[str, dict[str, Any]]:
+    """The per-task and aggregate tables as markdown, and the numbers behind them."""
+    learned = learned_tasks(scores)
+    tasks = sorted(learned)
+    kinds = sorted({score.kind for score in scores}, key=lambda k: (k != reference, k))
+    per_task = [
+        "| task | start | " + " | ".join(kinds) + " |",
+        "|---|---|" + "---|" * len(kinds),
+    ]
+    for task in tasks:
+        runs = [s for s in scores if s.task == task]
+        start = starting_level(runs)
+        cells = []
+        for kind in kinds:
+            mine = [s for s in runs if s.kind == kind]
+            if not mine:
+                cells.append("")
+                continue
+            cell = _range_text([s.final for s in mine])
+            mmers = [s.mmer for s in mine if s.mmer is not None]
+            if mmers:
+                cell += f"; MMER {_range_text(mmers)}"
+            cells.append(cell)
+        name = task if learned[task] else f"{task} (unlearned)"
+        per_task.append(f"| {name} | {start:.3f} | " + " | ".join(cells) + " |")
+    aggregated = [task for task in tasks if learned[task]]
+    result: dict[str, Any] = {
+        "learned": aggregated,
+        "unlearned": sorted(set(tasks) - set(aggregated)),
+    }
+    text = (
+        "Final score (normalised, mean of the last 10% of steps) per task: mean [lowest, highest] "
+        "over seeds; MMER in return units.\n\n" + "\n".join(per_task)
+    )
+    if not aggregated:
+        return text + "\n\nNo task was learned: nothing to aggregate.", result
+    kept = [s for s in scores if s.task in aggregated]
+    matrices = score_matrices(kept, aggregated)
+    result["iqm"] = iqm_intervals(matrices, reps)
+    result["improvement"] = improvement_intervals(matrices, reference, reps)
+    rows = [
+        f"| memory | runs | IQM [95% CI] | P({reference} > memory) [95% CI] |",
+        "|---|---|---|---|",
+    ]
+    for kind in kinds:
+        iqm = result["iqm"][kind]
+        cell = "reference"
+        if kind in result["improvement"]:
+            improvement = result["improvement"][kind]
+            cell = f"{_interval_text(improvement)}: {verdict(improvement)}"
+        rows.append(f"| {kind} | {matrices[kind].size} | {_interval_text(iqm)} | {cell} |")
+    text += (
+        f"\n\nAcross seeds and the {len(aggregated)} learned tasks ({', '.join(aggregated)}; "
+        f"unlearned: {', '.join(result['unlearned']) or 'none'}), rliable, {reps} stratified "
+        "bootstrap samples:\n\n" + "\n".join(rows)
+    )
+    return text, result
+
+
+def plot_aggregate(result: dict[str, Any], reference: str = REFERENCE_KIND) -> Figure:
+    """IQM per memory and the probability that `reference` improves on each, with intervals."""
+    figure = Figure(figsize=(9, 3))
+    iqm_axes, improvement_axes = figure.subplots(1, 2)
+    for axes, values, title in (
+        (iqm_axes, result["iqm"], "IQM of final scores"),
+        (improvement_axes, result["improvement"], f"P({reference} > memory)"),
+    ):
+        names = list(values)
+        for row, name in enumerate(names):
+            point, low, high = values[name]
+            axes.plot([low, high], [row, row], linewidth=6, alpha=0.4, color="C0")
+            axes.plot([point], [row], "|", markersize=14, color="k")
+        axes.set_yticks(range(len(names)), names)
+        axes.set_title(title)
+        axes.set_ylim(-0.6, len(names) - 0.4)
+    improvement_axes.axvline(0.5, color="grey", linestyle="--", linewidth=1)
+    improvement_axes.set_xlim(0, 1)
+    figure.tight_layout()
+    return figure
+
+
+def _bootstrap(library: Any, scores: dict, statistic: Any, reps: int) -> tuple[dict, dict]:
+    """rliable's stratified bootstrap, seeded so that a table prints the same twice."""
+    with warnings.catch_warnings():  # (arch prefers a Generator to the RandomState rliable takes)
+        warnings.simplefilter("ignore", FutureWarning)
+        return library.get_interval_estimates(
+            scores,
+            statistic,
+            reps=reps,
+            confidence_interval_size=CONFIDENCE,
+            random_state=np.random.RandomState(0),
+        )
+
+
+def _seed(score: RunScore) -> int:
+    return score.seed
+
+
+def _range_text(values: Sequence[float]) -> str:
+    return f"{np.mean(values):.3f} [{min(values):.3f}, {max(values):.3f}]"
+
+
+def _interval_text(interval: tuple[float, float, float]) -> str:
+    point, low, high = interval
+    return f"{point:.3f} [{low:.3f}, {high:.3f}]"

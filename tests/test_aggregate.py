@@ -1,0 +1,141 @@
+"""analysis.aggregate: each run's scores against their formulas, the learned-task rule, and
+rliable's IQM and probability of improvement on scores whose answer is known; then the
+aggregate through `python -m analysis.plot --markdown`."""
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+from test_plot import make_run, rl_config
+
+from analysis.aggregate import (
+    AggregateError,
+    RunScore,
+    aggregate_markdown,
+    final_mean,
+    improvement_intervals,
+    iqm_intervals,
+    learned_tasks,
+    normalise,
+    popgym_mmer,
+    score_matrices,
+    verdict,
+)
+from analysis.plot import main
+
+pytest.importorskip("rliable", reason='the stats extra: pip install -e ".[stats]"')
+REPS = 300
+
+
+def test_returns_and_rates_are_normalised_to_the_unit_interval():
+    assert [normalise("return", r) for r in (-1.0, 0.0, 0.5, 1.0)] == [0.0, 0.5, 0.75, 1.0]
+    assert normalise("success", 0.3) == 0.3
+    with pytest.raises(AggregateError, match="rooms_reached"):
+        normalise("rooms_reached", 3.0)
+
+
+def test_the_final_score_is_the_mean_over_the_last_tenth_of_the_steps():
+    records = [{"step": 50 * (i + 1), "return": float(i)} for i in range(20)]  # steps 50..1000
+    assert final_mean(records, "return") == (18 + 19) / 2  # steps 950 and 1000 are > 900
+
+
+def test_mmer_is_the_best_episode_weighted_mean_over_windows_of_64k_steps():
+    returns = [0.0, 0.2, 0.4, 0.6, 0.9, 0.9, 0.1, 0.1, 0.5, 0.5]  # ten intervals of 16k steps
+    episodes = [1, 1, 1, 1, 3, 1, 1, 1, 1, 1]
+    records = [
+        {"step": 16_000 * (i + 1), "return": r, "episodes": e}
+        for i, (r, e) in enumerate(zip(returns, episodes, strict=True))
+    ]
+    # windows: intervals 0-3 (64k), then 4-9 (the 32k tail joins the window before it)
+    first = np.mean(returns[:4])
+    second = np.dot(returns[4:], episodes[4:]) / sum(episodes[4:])
+    assert popgym_mmer(records) == pytest.approx(max(first, second))
+    assert popgym_mmer(records) != pytest.approx(max(returns))  # not the best single interval
+    assert popgym_mmer(records[:3]) == pytest.approx(np.mean(returns[:3]))  # under one window
+
+
+def scores(task, kind, finals, start=0.25):
+    return [RunScore(task, kind, seed, f, start, None) for seed, f in enumerate(finals)]
+
+
+def test_a_task_is_learned_when_a_memory_ends_a_tenth_above_its_starting_level():
+    runs = scores("a", "gru", [0.3, 0.32]) + scores("a", "lstm", [0.31, 0.33])
+    runs += scores("b", "gru", [0.4, 0.3]) + scores("b", "lstm", [0.2, 0.2])
+    assert learned_tasks(runs) == {"a": False, "b": True}  # b: gru's mean 0.35 >= 0.25 + 0.1
+
+
+def test_the_level_without_memory_is_the_starting_level_where_runs_without_memory_exist():
+    runs = scores("a", "gru", [0.8, 0.8]) + scores("a", "mlp", [0.75, 0.75])
+    assert learned_tasks(runs) == {"a": False}  # 0.55 above where it starts, 0.05 above no memory
+    runs += scores("b", "gru", [0.9, 0.9]) + scores("b", "mlp", [0.75, 0.75])
+    assert learned_tasks(runs)["b"]
+
+
+def test_iqm_and_its_interval_follow_the_scores():
+    rng = np.random.default_rng(0)
+    matrices = {"a": rng.random((5, 3)), "flat": np.full((5, 3), 0.4)}
+    result = iqm_intervals(matrices, REPS)
+    point, low, high = result["a"]
+    assert point == pytest.approx(stats.trim_mean(matrices["a"].ravel(), 0.25))
+    assert low < point < high
+    assert result["flat"] == pytest.approx((0.4, 0.4, 0.4))
+
+
+def test_probability_of_improvement_counts_wins_and_half_ties():
+    better = np.array([[0.9, 0.8], [0.95, 0.85], [0.92, 0.9]])
+    matrices = {"expire_span": better, "worse": better - 0.5, "same": better.copy()}
+    result = improvement_intervals(matrices, reps=REPS)
+    assert result["worse"] == pytest.approx((1.0, 1.0, 1.0))
+    assert result["same"][0] == pytest.approx(0.5)
+    assert verdict(result["worse"]) == "improves"
+    assert verdict(result["same"]) == "not resolved"
+    assert verdict((0.1, 0.0, 0.3)) == "trails"
+
+
+def test_uneven_runs_per_task_cannot_be_stratified():
+    runs = scores("a", "gru", [0.5, 0.6]) + scores("b", "gru", [0.5])
+    with pytest.raises(AggregateError, match="as many runs"):
+        score_matrices(runs, ["a", "b"])
+
+
+def test_unlearned_tasks_are_named_and_left_out_of_the_aggregate():
+    runs = scores("learned", "expire_span", [0.9, 0.95, 1.0]) + scores("learned", "gru", [0.5] * 3)
+    runs += scores("flat", "expire_span", [0.26] * 3) + scores("flat", "gru", [0.27] * 3)
+    text, result = aggregate_markdown(runs, reps=REPS)
+    assert result["learned"] == ["learned"] and result["unlearned"] == ["flat"]
+    assert "| flat (unlearned) |" in text
+    assert result["iqm"]["gru"] == pytest.approx((0.5, 0.5, 0.5))  # the flat task left out
+    assert "| gru | 3 |" in text and ": improves |" in text
+
+
+def popgym_runs(root, task, kind, seed, level):
+    """A POPGym run whose interval returns climb from -0.5 to `level` over 1M steps."""
+    cfg = rl_config(kind, 200 if kind == "expire_span" else None, seed, env="popgym")
+    cfg["env"]["id"] = f"popgym:popgym-{task}-v0"
+    cfg["total_steps"] = 1_000_000
+    returns = np.minimum(np.linspace(-0.5, level + 0.3, 63), level) + 0.001 * seed
+    records = [
+        {"step": 16_000 * (i + 1), "return": float(r), "mmer": float(max(returns[: i + 1]))}
+        | {"memory_size": 1.0, "episodes": 100.0}
+        for i, r in enumerate(returns)
+    ]
+    make_run(root / f"{task}-{kind}-{seed}", cfg, records)
+
+
+def test_the_plot_command_prints_the_aggregate_and_draws_it(tmp_path, capsys):
+    for seed in range(3):
+        for task, levels in (("RepeatFirstEasy", (1.0, 0.6)), ("CountRecallEasy", (0.2, -0.2))):
+            for kind, level in zip(("expire_span", "gru"), levels, strict=True):
+                popgym_runs(tmp_path / "runs", task, kind, seed, level)
+    argv = [str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--markdown"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "Across seeds and the 2 learned tasks" in out
+    iqm_row = next(line for line in out.splitlines() if line.startswith("| gru | 6 |"))
+    point = float(iqm_row.split("|")[3].split()[0])
+    expected = stats.trim_mean([(0.6 + 1) / 2] * 3 + [(-0.2 + 1) / 2] * 3, 0.25)
+    assert point == pytest.approx(expected, abs=0.002)  # (seeds add at most 0.001)
+    assert "1.000 [1.000, 1.000]: improves" in iqm_row
+    assert (tmp_path / "out" / "aggregate.png").stat().st_size > 0
+    assert not math.isnan(point)
