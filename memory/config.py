@@ -1,12 +1,11 @@
-"""Configuration of the memory transformer core: one dataclass, usable from Hydra."""
+"""Configuration of the memory transformer core: one dataclass (Hydra's schema of
+configs/memory/, registered by `training.schemas`; this package needs only PyTorch)."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 from typing import Any
-
-from hydra.core.config_store import ConfigStore
 
 
 @dataclass
@@ -110,9 +109,3 @@ class MemoryConfig:
     def num_compressed(self) -> int:
         """How many compressed memories a compressive layer keeps (n_cm in Rae et al. 2020)."""
         return self.max_span if self.compressed_span is None else self.compressed_span
-
-
-# The schema of configs/memory/*.yaml: each file holds its kind and what differs from the
-# defaults above (the recurrent baselines read dim and num_layers); Hydra refuses a misspelt or
-# mistyped field.
-ConfigStore.instance().store(group="memory", name="schema", node=MemoryConfig)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -391,6 +393,8 @@ def test_hydra_config_files_hold_the_corridor_values(kind):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
+    import training.schemas  # noqa: F401  (registers the schema the files extend)
+
     configs = Path(__file__).parents[1] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base=None):
         composed = compose("rl", overrides=[f"memory={kind}", "preset=paper"]).memory
@@ -408,3 +412,18 @@ def test_compress_rate_only_constrains_the_compressive_memory():
     with torch.no_grad():
         out = core(torch.randn(1, 6, 16), core.initial_state(1))
     assert out.memory_size == (0 + 1 + 2 + 2 + 2 + 2) / 6
+
+
+def test_the_memory_package_needs_no_hydra():
+    """memory/ is PyTorch (and NumPy) only: it imports, builds and runs with Hydra unimportable."""
+    code = (
+        "import sys; sys.modules['hydra'] = None; sys.modules['omegaconf'] = None\n"
+        "import torch\n"
+        "from memory import MemoryConfig, MemoryTransformer\n"
+        "core = MemoryTransformer(MemoryConfig(dim=16, num_heads=2, ffn_dim=32, max_span=8))\n"
+        "print(core(torch.zeros(2, 3, 16), core.initial_state(2)).hidden.shape)\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=root)
+    assert result.returncode == 0, result.stderr
+    assert "torch.Size([2, 3, 16])" in result.stdout

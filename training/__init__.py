@@ -23,6 +23,7 @@ A loop uses them in this order:
             ...  #     save_checkpoint(run_dir, {**gathered, "step": step, "model": ...})
 """
 
+import training.schemas  # noqa: F401  (registers configs/memory/'s schema with Hydra)
 from training.checkpoint import (
     BEST_CHECKPOINT_FILE,
     CHECKPOINT_FILE,
