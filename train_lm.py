@@ -537,7 +537,7 @@ def main(cfg: DictConfig) -> None:
         check_config(cfg)
         evaluate_checkpoint(cfg)
         return
-    cfg, checkpoint = resumed_run(cfg)
+    cfg, checkpoint = resumed_run(cfg, CONFIGS)
     check_config(cfg)
     train(cfg, checkpoint)
     gc.collect()  # frees a DDP wrapper's process group now, not at shutdown (cleanup_distributed)

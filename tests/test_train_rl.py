@@ -255,6 +255,26 @@ def test_resume_continues_the_saved_config_and_refuses_to_change_it(tmp_path):
     assert (saved.total_steps, saved.log_interval) == (4 * STEPS_PER_UPDATE, 2)
 
 
+def test_a_resume_keeps_the_runs_intervals_unless_it_gives_them(tmp_path):
+    """A resume that does not name log_interval and checkpoint_interval keeps the run's own (the
+    defaults, 10 and 100, would respace its metrics midway); one it names takes over."""
+    run_dir = tmp_path / "run"
+    constant = "agent.lr_schedule=constant"  # (so that total_steps may grow)
+    args = [*TINY_RL, constant, "checkpoint_interval=2", f"total_steps={2 * STEPS_PER_UPDATE}"]
+    assert run(args, run_dir).returncode == 0
+    resume = ["resume=true", "wandb.mode=disabled"]
+    result = run([*resume, f"total_steps={4 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    assert steps_logged(run_dir) == [STEPS_PER_UPDATE * u for u in (1, 2, 3, 4)]
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    assert (saved.log_interval, saved.checkpoint_interval) == (1, 2)
+    result = run([*resume, f"total_steps={8 * STEPS_PER_UPDATE}", "log_interval=3"], run_dir)
+    assert result.returncode == 0, result.stderr
+    assert steps_logged(run_dir)[4:] == [STEPS_PER_UPDATE * u for u in (6, 8)]  # 8: the last
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    assert (saved.log_interval, saved.checkpoint_interval) == (3, 2)
+
+
 def test_a_rejected_command_writes_nothing_into_a_run_directory(tmp_path):
     """A new run aimed at a finished run's directory, or at a directory that cannot exist, is
     a one-line config error; the finished run's files, Hydra's included, stay as they were."""

@@ -61,6 +61,7 @@ from training import (
     start_run,
     thread_count,
 )
+from training.checkpoint import given_keys
 from training.extras import EXTRAS, LAUNCHERS, require, require_launcher
 from training.files import DiskFullError
 from training.run_dir import claim_run_dir, refuse_claimed
@@ -277,6 +278,17 @@ def test_load_checkpoint_takes_a_run_dir_or_a_file_and_gives_none_when_absent(tm
     save_checkpoint(tmp_path, {"step": 5}, keep_last=1)
     assert load_checkpoint(tmp_path) == {"step": 5}
     assert load_checkpoint(tmp_path / "checkpoint_5.pt") == {"step": 5}
+
+
+def test_the_keys_a_command_gives_include_those_of_the_files_it_adds():
+    """+sweep=suite gives the sweep file's settings (its hydra block aside); memory=gru the
+    group's; a plain override its own key."""
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    given = given_keys(["+sweep=suite", "seed=3", "wandb.mode=disabled"], configs)
+    assert {"total_steps", "log_interval", "resume", "seed", "wandb.mode"} <= set(given)
+    assert not [key for key in given if key.startswith("hydra")]
+    assert "memory.kind" in given_keys(["memory=gru"], configs)
+    assert given_keys(["log_interval=3"], None) == ["log_interval"]
 
 
 def test_resume_without_a_checkpoint_names_the_directory_looked_at(tmp_path):

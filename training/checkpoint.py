@@ -21,7 +21,7 @@ import os
 import pickle
 import re
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -299,15 +299,20 @@ def check_run_dir_argument(
         return
     checkpoint = resume_checkpoint(run_dir, resume=True)
     check_resumed_budget(cfg.total_steps, checkpoint)
-    check(resumed_config(cfg, checkpoint, overrides))
+    check(resumed_config(cfg, checkpoint, overrides, config_dir))
 
 
-def resumed_config(cfg: DictConfig, checkpoint: Mapping, overrides: list[str]) -> DictConfig:
+def resumed_config(
+    cfg: DictConfig, checkpoint: Mapping, overrides: list[str], config_dir: Path | None = None
+) -> DictConfig:
     """The config of the run `checkpoint` continues: the saved one, with the RESUMABLE fields
-    of `cfg`. A command-line override (Hydra's `key=value` strings) that would change any
-    other field is a config error naming each leaf key it changes (a group override such as
-    `memory=transformer_xl` changes the group's keys; a whole group would not say which), since
-    the run cannot switch settings midway."""
+    that this command sets explicitly (`given_keys`: on the command line, or in a file it adds
+    such as `+sweep=suite`), taken from `cfg`; the rest keep the run's values, so a resume
+    without `log_interval=...` logs at the run's own interval. A command-line override
+    (Hydra's `key=value` strings) that would change any other field is a config error naming
+    each leaf key it changes (a group override such as `memory=transformer_xl` changes the
+    group's keys; a whole group would not say which), since the run cannot switch settings
+    midway. `config_dir`: the trainer's configs, where the files an override adds are."""
     saved = OmegaConf.create(checkpoint["config"])
 
     unset = object()  # a key one of the two configs lacks (another task's options)
@@ -346,10 +351,41 @@ def resumed_config(cfg: DictConfig, checkpoint: Mapping, overrides: list[str]) -
             f"{'this override' if len(conflicts) == 1 else 'these overrides'}, or start a "
             "new run in another hydra.run.dir"
         )
-    for key in RESUMABLE:
-        if key in cfg:
-            saved[key] = cfg[key]
+    for key in ("resume", "overwrite"):  # this command's own
+        saved[key] = cfg.get(key)
+    for key in given_keys(overrides, config_dir):
+        if key.split(".")[0] in RESUMABLE and OmegaConf.select(cfg, key) is not None:
+            OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
     return saved
+
+
+def given_keys(overrides: Sequence[str], config_dir: Path | None) -> list[str]:
+    """The dotted keys a command line sets: each override's key, or for an override that adds
+    a file of `config_dir` (`+sweep=suite`, `+benchmark=...`) the keys that file sets."""
+    keys = []
+    for override in overrides:
+        key, _, value = override.lstrip("+~").partition("=")
+        path = config_dir / key / f"{value}.yaml" if config_dir is not None else None
+        if path is None or not path.is_file():
+            keys.append(key)
+            continue
+        text = path.read_text()
+        package = "" if "@package _global_" in text.split("\n", 1)[0] else f"{key}."
+        node = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+        keys += [f"{package}{name}" for name in _leaf_keys(node) if name.split(".")[0] != "hydra"]
+    return keys
+
+
+def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
+    """The dotted keys of a config file's leaves (its `defaults` list is not a setting)."""
+    if not isinstance(node, dict):
+        return [prefix[:-1]]
+    return [
+        leaf
+        for name, value in node.items()
+        if f"{prefix}{name}" != "defaults"
+        for leaf in _leaf_keys(value, f"{prefix}{name}.")
+    ]
 
 
 def check_resume_choice(resume: Any) -> None:
@@ -361,10 +397,11 @@ def check_resume_choice(resume: Any) -> None:
         )
 
 
-def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
+def resumed_run(cfg: DictConfig, config_dir: Path) -> tuple[DictConfig, dict[str, Any] | None]:
     """The config to train with and the checkpoint to continue from (None for a new run):
-    with resume=true, the run directory's checkpoint and its run's config (`resumed_config`).
-    Called before the config is checked, so that a resumed run is checked as it will run."""
+    with resume=true, the run directory's checkpoint and its run's config (`resumed_config`;
+    `config_dir`: the trainer's configs). Called before the config is checked, so that a
+    resumed run is checked as it will run."""
     check_resume_choice(cfg.resume)
     overwrite = bool(cfg.get("overwrite", False))
     claim_run_dir(get_run_dir())  # before anything in it is read, deleted or written
@@ -372,7 +409,7 @@ def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
     if checkpoint is None:
         return cfg, None
     check_resumed_budget(cfg.total_steps, checkpoint)
-    return resumed_config(cfg, checkpoint, command_line_overrides()), checkpoint
+    return resumed_config(cfg, checkpoint, command_line_overrides(), config_dir), checkpoint
 
 
 def check_resumed_budget(total_steps: int, checkpoint: Mapping) -> None:
