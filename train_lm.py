@@ -96,6 +96,7 @@ from training import (
     use_host,
 )
 from training.extras import require_launcher
+from training.schedule import lr_fraction
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
 VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token
@@ -260,11 +261,8 @@ def block(rows: Split, start: int, length: int, device: torch.device) -> tuple[t
 
 def learning_rate(cfg: DictConfig, step: int) -> float:
     """Linear warm-up over warmup_steps, then cosine decay to min_lr_ratio * lr at total_steps."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
-    progress = (step - cfg.warmup_steps) / max(1, cfg.total_steps - cfg.warmup_steps)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
-    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+    schedule = lr_fraction("cosine", step, cfg.total_steps, cfg.warmup_steps, cfg.min_lr_ratio)
+    return cfg.lr * schedule
 
 
 @torch.no_grad()

@@ -37,10 +37,10 @@ from agents.compiled_step import refuse_unchecked_target
 from agents.encoders import NORMALISE
 from agents.episodes import EpisodeStats
 from agents.evaluation import evaluate_agent, record_episode
-from agents.learners import ADVANTAGE_SCALES, LR_SCHEDULES
+from agents.losses import ADVANTAGE_SCALES
 from agents.play import Player
 from agents.rollout import Unroll, collect_unroll
-from agents.update import BEHAVIOUR_RATIO_ERROR, Learner
+from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
 from analysis.curves import plot_curves, run_label
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import kind_names
@@ -88,6 +88,7 @@ from training import (
     use_host,
 )
 from training.extras import EXTRAS, require, require_launcher
+from training.schedule import LR_SCHEDULES
 
 LEARNERS = ("a2c", "ppo")
 PROGRESS_KEYS = ("return", "success", "rooms_reached", "mmer", "memory_size")
@@ -110,7 +111,7 @@ def check_config(cfg: DictConfig) -> None:
     env = named_env(cfg.env.name)
     thread_count(cfg.torch_threads)  # auto, or a positive number
     check_choice("agent", cfg.agent.name, LEARNERS)
-    check_choice("agent.optimizer", cfg.agent.optimizer, ("rmsprop", "adam", "amsgrad"))
+    check_choice("agent.optimizer", cfg.agent.optimizer, OPTIMIZERS)
     check_choice("agent.lr_schedule", cfg.agent.lr_schedule, LR_SCHEDULES)
     if cfg.agent.name == "ppo":
         check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)

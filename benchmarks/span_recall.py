@@ -24,7 +24,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from agents.learners import make_optimizer
+from agents.update import make_optimizer
 from memory import CoreOutput, MemoryConfig, MemoryTransformer
 
 CUE_TOKENS, DISTRACTORS = 2, 8

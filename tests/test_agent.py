@@ -1,4 +1,4 @@
-"""The actor-critic agent: its learners' formulas and that block mode replays step mode."""
+"""The actor-critic agent: its losses' formulas and that block mode replays step mode."""
 
 import copy
 from pathlib import Path
@@ -21,18 +21,17 @@ from agents import (
 )
 from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
 from agents.distributions import log_prob_and_entropy, policy_kl, sample, sampling_noise
-from agents.learners import (
+from agents.losses import (
     PolicyAnchor,
     actor_critic_loss,
     generalized_advantages,
-    make_optimizer,
-    minibatches,
     normalised,
     ppo_loss,
 )
-from agents.module_swap import module_group, module_groups, swapped
 from agents.probes import keep_new_memories, success_by_case, success_by_length
 from agents.recurrent import GRULayers, RecurrentState
+from agents.update import make_optimizer, minibatches
+from analysis.module_swap import module_group, module_groups, swapped
 from analysis.span_drift import drift_split
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.expire_span import SpanPredictor

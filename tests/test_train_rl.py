@@ -617,14 +617,14 @@ def test_span_drift_splits_each_change_into_input_and_predictor(kept_run):
 
 
 def test_module_swap_evaluates_every_mix_on_the_same_episodes(kept_run):
-    """agents.module_swap on two kept checkpoints of a tiny run: the two agents, then each
+    """analysis.module_swap on two kept checkpoints of a tiny run: the two agents, then each
     group swapped both ways. Evaluations share their episodes and samples, so a checkpoint
     against itself gives the same outcome on every line."""
     run_dir = kept_run
 
     def swap(before, after):
         result = subprocess.run(
-            [sys.executable, "-m", "agents.module_swap", str(run_dir / before),
+            [sys.executable, "-m", "analysis.module_swap", str(run_dir / before),
              str(run_dir / after), "--episodes", "12"],
             capture_output=True, text=True, timeout=300, cwd=ROOT,
         )  # fmt: skip
@@ -645,7 +645,7 @@ def test_module_swap_evaluates_every_mix_on_the_same_episodes(kept_run):
     outcomes = {json.dumps({k: v for k, v in row.items() if k != "agent"}) for row in same}
     assert len(outcomes) == 1
     bad = subprocess.run(
-        [sys.executable, "-m", "agents.module_swap", str(run_dir / "none.pt"), str(run_dir)],
+        [sys.executable, "-m", "analysis.module_swap", str(run_dir / "none.pt"), str(run_dir)],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert bad.returncode == 2 and "not an agent checkpoint" in bad.stderr

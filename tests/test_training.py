@@ -61,9 +61,9 @@ from training import (
     start_run,
     thread_count,
 )
-from training.checkpoint import given_keys
 from training.extras import EXTRAS, LAUNCHERS, require, require_launcher
 from training.files import DiskFullError
+from training.resume import given_keys
 from training.run_dir import claim_run_dir, refuse_claimed
 
 NO_WANDB = {"wandb": {"mode": "disabled"}}
@@ -775,7 +775,7 @@ def test_a_run_directory_belongs_to_one_live_process(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "tool", ["analysis.visualize", "analysis.collision_probe", "agents.module_swap"]
+    "tool", ["analysis.visualize", "analysis.collision_probe", "analysis.module_swap"]
 )
 def test_tools_refuse_a_damaged_checkpoint_in_one_line(tmp_path, tool):
     save_checkpoint(tmp_path, {"weights": torch.arange(4096.0), "step": 1})
@@ -784,7 +784,7 @@ def test_tools_refuse_a_damaged_checkpoint_in_one_line(tmp_path, tool):
     data[len(data) // 2] ^= 0x10
     path.write_bytes(bytes(data))
     args = {
-        "agents.module_swap": [str(path)],
+        "analysis.module_swap": [str(path)],
         "analysis.visualize": ["--split", "valid", "--out", str(tmp_path / "out")],
     }
     args = [str(path), *args.get(tool, [])]

@@ -28,12 +28,8 @@ from training.checkpoint import (
     BEST_CHECKPOINT_FILE,
     CHECKPOINT_FILE,
     check_checkpoint_kind,
-    check_run_dir_argument,
     checkpoint_file,
     load_checkpoint,
-    resume_checkpoint,
-    resumed_config,
-    resumed_run,
     save_checkpoint,
 )
 from training.config import (
@@ -72,6 +68,12 @@ from training.metrics import (
 )
 from training.presets import describe_preset
 from training.progress import progress_bar, set_metrics
+from training.resume import (
+    check_run_dir_argument,
+    resume_checkpoint,
+    resumed_config,
+    resumed_run,
+)
 from training.run import RunProgress, gather_rank_states, start_run
 from training.run_dir import (
     CONFIG_FILE,

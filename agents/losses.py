@@ -1,6 +1,7 @@
-"""Losses of the two learners: advantage actor-critic (the paper's) and PPO.
+"""Losses of the two learners, advantage actor-critic (the paper's) and PPO, and what they are
+made of: advantages, masked means, the anchor's KL term and the behaviour check.
 
-Both work on one unroll of T steps for B environments, laid out (B, T).
+All work on one unroll of T steps for B environments, laid out (B, T).
 """
 
 from __future__ import annotations
@@ -186,35 +187,4 @@ def ppo_loss(
         value=0.5 * masked_mean((returns - values).pow(2), mask),
         entropy=masked_mean(entropy, mask),
         approx_kl=masked_mean(k3, mask).detach(),
-    )
-
-
-ALL = slice(None)
-
-
-def minibatches(batch_size: int, count: int) -> list:
-    """``count`` random disjoint sets of whole environment sequences (each keeps its own
-    memory), of sizes that differ by at most one; [ALL] for one."""
-    return [ALL] if count == 1 else list(torch.randperm(batch_size).tensor_split(count))
-
-
-LR_SCHEDULES = ("constant", "linear")
-
-
-def lr_fraction(schedule: str, update: int, num_updates: int) -> float:
-    """The fraction of the learning rate that update ``update`` (0-based, of ``num_updates``)
-    takes: 1 throughout for "constant"; for "linear", from 1 at the first update down to
-    1 / num_updates at the last, PPO's annealing (Schulman et al. 2017), so that the updates
-    of a long run shrink to nothing instead of random-walking a solved policy."""
-    return 1 - update / num_updates if schedule == "linear" else 1.0
-
-
-def make_optimizer(agent: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
-    """RMSProp, Adam or Adam with AMSGrad ("rmsprop", "adam", "amsgrad") over the agent's
-    parameters."""
-    if name == "rmsprop":
-        return torch.optim.RMSprop(agent.parameters(), lr=lr, eps=1e-5, foreach=True)
-    # fused: one kernel for all parameters, four times faster than a loop over them on a CPU
-    return torch.optim.Adam(
-        agent.parameters(), lr=lr, eps=1e-5, amsgrad=name == "amsgrad", fused=True
     )

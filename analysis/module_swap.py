@@ -1,6 +1,6 @@
 """Which part of an agent lost (or found) a task between two of its checkpoints.
 
-    python -m agents.module_swap BEFORE.pt AFTER.pt [--episodes N] [--greedy] [--seed S]
+    python -m analysis.module_swap BEFORE.pt AFTER.pt [--episodes N] [--greedy] [--seed S]
 
 Between two checkpoints of a run every parameter moved: the encoder, each layer's attention,
 span predictor and FFN, the heads. This evaluates BEFORE and AFTER, then, for each of those
