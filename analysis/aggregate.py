@@ -161,12 +161,12 @@ def iqm_intervals(
     matrices: dict[str, np.ndarray], reps: int = BOOTSTRAP_REPS
 ) -> dict[str, tuple[float, float, float]]:
     """Per kind: IQM over runs and tasks, and its 95% stratified-bootstrap interval."""
-    from rliable import library, metrics
+    from rliable import metrics
 
-    points, intervals = _bootstrap(
-        library, matrices, lambda x: np.array([metrics.aggregate_iqm(x)]), reps
-    )
-    return {k: (float(points[k][0]), *map(float, intervals[k][:, 0])) for k in matrices}
+    return {
+        kind: _bootstrap(matrix, lambda x: np.array([metrics.aggregate_iqm(x)]), reps)
+        for kind, matrix in matrices.items()
+    }
 
 
 def improvement_intervals(
@@ -175,13 +175,15 @@ def improvement_intervals(
     """Per other kind: the probability that `reference` improves on it (a run of `reference`
     scores above one of the other's on the same task, ties counting half, averaged over tasks),
     and its 95% stratified-bootstrap interval."""
-    from rliable import library, metrics
+    from rliable import metrics
 
-    pairs = {k: (matrices[reference], m) for k, m in matrices.items() if k != reference}
-    if reference not in matrices or not pairs:
+    if reference not in matrices:
         return {}
-    points, intervals = _bootstrap(library, pairs, metrics.probability_of_improvement, reps)
-    return {k: (float(points[k]), *map(float, np.ravel(intervals[k]))) for k in pairs}
+    return {
+        kind: _bootstrap((matrices[reference], matrix), metrics.probability_of_improvement, reps)
+        for kind, matrix in matrices.items()
+        if kind != reference
+    }
 
 
 def verdict(interval: tuple[float, float, float]) -> str:
@@ -277,17 +279,29 @@ def plot_aggregate(result: dict[str, Any], reference: str = REFERENCE_KIND) -> F
     return figure
 
 
-def _bootstrap(library: Any, scores: dict, statistic: Any, reps: int) -> tuple[dict, dict]:
-    """rliable's stratified bootstrap, seeded so that a table prints the same twice."""
-    with warnings.catch_warnings():  # (arch prefers a Generator to the RandomState rliable takes)
-        warnings.simplefilter("ignore", FutureWarning)
-        return library.get_interval_estimates(
-            scores,
-            statistic,
-            reps=reps,
-            confidence_interval_size=CONFIDENCE,
-            random_state=np.random.RandomState(0),
-        )
+def _bootstrap(scores: Any, statistic: Any, reps: int) -> tuple[float, float, float]:
+    """`statistic` of `scores` (a runs x tasks matrix, or a pair of them) and its 95% interval
+    from rliable's stratified bootstrap, seeded afresh for each: an interval does not depend on
+    which other memories are compared (the bootstrap of pairs draws from NumPy's global
+    generator, which is restored after)."""
+    from rliable import library
+
+    global_state = np.random.get_state()
+    np.random.seed(0)
+    try:
+        with warnings.catch_warnings():  # (arch prefers a Generator to rliable's RandomState)
+            warnings.simplefilter("ignore", FutureWarning)
+            points, intervals = library.get_interval_estimates(
+                {"scores": scores},
+                statistic,
+                reps=reps,
+                confidence_interval_size=CONFIDENCE,
+                random_state=np.random.RandomState(0),
+            )
+    finally:
+        np.random.set_state(global_state)
+    low, high = np.ravel(intervals["scores"])
+    return float(np.ravel(points["scores"])[0]), float(low), float(high)
 
 
 def _seed(score: RunScore) -> int:

@@ -139,3 +139,16 @@ def test_the_plot_command_prints_the_aggregate_and_draws_it(tmp_path, capsys):
     assert "1.000 [1.000, 1.000]: improves" in iqm_row
     assert (tmp_path / "out" / "aggregate.png").stat().st_size > 0
     assert not math.isnan(point)
+
+
+def test_an_interval_is_the_same_twice_and_whatever_else_is_compared():
+    rng = np.random.default_rng(1)
+    matrices = {kind: rng.random((3, 4)) for kind in ("expire_span", "gru", "lstm")}
+    once = improvement_intervals(matrices, reps=REPS)
+    assert improvement_intervals(matrices, reps=REPS) == once
+    assert improvement_intervals({k: matrices[k] for k in ("expire_span", "lstm")}, reps=REPS) == {
+        "lstm": once["lstm"]
+    }
+    assert (
+        iqm_intervals({"gru": matrices["gru"]}, REPS)["gru"] == iqm_intervals(matrices, REPS)["gru"]
+    )
