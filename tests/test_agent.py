@@ -209,6 +209,7 @@ def _policy_steps(agent_cfg, learning: int, solved: int) -> tuple[float, float]:
     return float(np.mean(steps[learning - 100 : learning])), float(np.mean(steps[-100:]))
 
 
+@pytest.mark.slow
 def test_corridor_learner_steps_shrink_once_the_task_is_solved():
     """Once a task is solved, the Corridor's PPO learner's steps shrink with its advantages (in
     units of the returns, under AMSGrad). The earlier learner (advantages divided by their
@@ -291,6 +292,7 @@ def flat_parameters(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in module.parameters()])
 
 
+@pytest.mark.slow
 def test_an_anchor_holds_the_policy_while_the_critic_reshapes_the_core():
     """Advantages of 0 (a solved task) leave the policy to the critic's regression on noisy
     targets, which moves the shared core and with it the policy. A KL penalty to the solved
@@ -438,6 +440,7 @@ CHECKED = str(torch._inductor.cpu_vec_isa.pick_vec_isa()).startswith(CHECKED_VEC
         ("expire_span", spaces.Box(-1.0, 1.0, (2,))),
     ],
 )
+@pytest.mark.slow
 def test_a_compiled_step_acts_as_the_eager_step(kind, action_space):
     """compile_acting: the step compiled ahead of time reads the whole buffer of each layer,
     whose slots after the last memory are empty, and samples inside. From the same random

@@ -123,6 +123,7 @@ def popgym_runs(root, task, kind, seed, level):
     make_run(root / f"{task}-{kind}-{seed}", cfg, records)
 
 
+@pytest.mark.slow
 def test_the_plot_command_prints_the_aggregate_and_draws_it(tmp_path, capsys):
     for seed in range(3):
         for task, levels in (("RepeatFirstEasy", (1.0, 0.6)), ("CountRecallEasy", (0.2, -0.2))):

@@ -96,6 +96,7 @@ def benchmark_json(script: str, *args: str) -> dict:
     return json.loads(result.stdout)
 
 
+@pytest.mark.slow
 def test_unroll_time_splits_an_update_and_counts_acting_flops():
     """A tiny Corridor run: the parts are positive and acting's FLOPs are those of its
     matrix products (2 layers of a 16-unit core with ffn 32 read 4 environments' steps)."""
@@ -119,6 +120,7 @@ def test_unroll_time_splits_an_update_and_counts_acting_flops():
     not str(cpu_vec_isa.pick_vec_isa()).startswith(CHECKED_VECTOR_UNITS),
     reason="compile_acting is refused on this CPU's vector unit",
 )
+@pytest.mark.slow
 def test_unroll_time_times_the_compiled_call_alone():
     """compile_acting: the compiled step's library, called alone or timed in the run, takes
     less than acting, which also plans each step; acting eagerly reports no such figures."""
@@ -131,6 +133,7 @@ def test_unroll_time_times_the_compiled_call_alone():
     assert "acting_compiled_call_ms" not in eager and "acting_library_in_run_ms" not in eager
 
 
+@pytest.mark.slow
 def test_recurrent_cells_times_each_layer_in_both_shapes():
     """Tiny shapes: every layer timed learning and acting, the project's GRU as a ratio."""
     sizes = ["--batch", "2", "--block", "5", "--envs", "2", "--dim", "8", "--repeats", "2"]

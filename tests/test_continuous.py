@@ -84,6 +84,7 @@ def test_the_env_gets_the_action_clipped_and_the_agent_keeps_the_one_it_sampled(
 
 
 @pytest.mark.parametrize("seed", [100, 101])
+@pytest.mark.slow
 def test_a_continuous_task_is_learned(tmp_path, seed):
     """Target-v0 pays -(a - target)^2 per step, the target shown x100 in the observation: the
     greedy agent's episode return goes from about -1.25 (mean 0) to near 0."""
@@ -127,6 +128,7 @@ def test_normalisation_is_on_where_a_box_is_unbounded():
         assert sum(isinstance(m, RunningNormaliser) for m in modules) == count
 
 
+@pytest.mark.slow
 def test_the_statistics_move_between_updates_and_resume_exactly(tmp_path):
     """The learner moves the observation statistics after each update (acting and learning
     read an unroll alike: behaviour_ratio_error stays at float error), the checkpoint keeps

@@ -142,6 +142,7 @@ def differences(value: Any, kept: Any, where: str = "") -> list[str]:
 
 
 @pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.slow
 def test_a_short_run_writes_the_kept_outputs(tmp_path, name):
     kept = json.loads((GOLDEN / f"{name}.json").read_text())
     differ = differences(outputs_of(name, tmp_path / "run"), kept)

@@ -54,6 +54,7 @@ def compose_rl(overrides):
         ("tuple", "discrete", ["env.vectorization=async", "env.max_episode_steps=3"]),
     ],  # (a Dict observation: test_a_gym_run_resumes_and_evaluates)
 )
+@pytest.mark.slow
 def test_every_space_kind_trains_from_the_command_line(tmp_path, observation, action, extra):
     memory = [] if any(arg.startswith("memory=") for arg in extra) else TINY_MEMORY
     kinds = [f"+env.kwargs.observation={observation}", f"+env.kwargs.action={action}"]
@@ -69,6 +70,7 @@ def test_every_space_kind_trains_from_the_command_line(tmp_path, observation, ac
     assert [line["mmer"] for line in lines] == [returns[0], max(returns)]
 
 
+@pytest.mark.slow
 def test_a_gym_run_resumes_and_evaluates(tmp_path):
     """A Dict observation, an agent that sees its previous action: resumed, the run keeps its
     MMER (the running maximum of the interval mean return); mode=eval evaluates it."""
@@ -146,6 +148,7 @@ def test_the_corridor_agent_keeps_its_parameters():
 
 
 @pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym is not installed")
+@pytest.mark.slow
 def test_popgym_runs_from_the_command_line(tmp_path):
     result = run(
         ["env=popgym", *TINY_RUN, *TINY_MEMORY, "eval.after_training=false", TWO_UPDATES],
@@ -158,6 +161,7 @@ def test_popgym_runs_from_the_command_line(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym is not installed")
 @pytest.mark.parametrize("anchor_from, kept", [(-1.0, True), (1.5, False)])
+@pytest.mark.slow
 def test_a_popgym_anchor_is_kept_by_the_normalised_return(tmp_path, anchor_from, kept):
     """POPGym reports no success: its anchor is kept at a best interval whose return (POPGym's,
     at most 1) reaches anchor_from, so from the first one at -1, and never at 1.5. Two
@@ -175,6 +179,7 @@ def test_a_popgym_anchor_is_kept_by_the_normalised_return(tmp_path, anchor_from,
 
 
 @pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym is not installed")
+@pytest.mark.slow
 def test_the_default_agent_learns_repeat_previous_on_most_seeds(tmp_path):
     """The default agent (expire_span, PPO 8 x 8, 32 environments) on POPGym's
     RepeatPreviousEasy from the command line, seeds 0-2 side by side: a random policy's return
@@ -234,6 +239,7 @@ def test_a_truncated_episode_bootstraps_from_its_final_observation(
     torch.testing.assert_close(returns, torch.full_like(returns, 5.0))
 
 
+@pytest.mark.slow
 def test_cartpole_runs_on_its_own_vector_env(tmp_path):
     """CartPole-v1 registers a vector env of its own, which takes no autoreset_mode and resets
     in the next step: the default vectorisation uses it and trains."""

@@ -205,6 +205,7 @@ def test_settings_split_on_what_differs_but_not_on_bookkeeping(tmp_path):
     assert len(expire.get_xydata()) == 2
 
 
+@pytest.mark.slow
 def test_a_popgym_sweep_is_grouped_by_task_and_memory_kind(tmp_path, capsys):
     """env=popgym runs differ in env.id: one figure and table per task, each setting a memory
     kind; the metric is MMER (the last value: it is a running maximum), the time the sum of
@@ -440,6 +441,7 @@ def test_bad_input_exits_2_with_a_clear_message(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_command_line_error_has_no_traceback(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "analysis.plot", str(tmp_path / "nope"), "--out", str(tmp_path)],
@@ -479,6 +481,7 @@ def expected_from_files(run_dir):
     return kind, success, final([r["memory_size"] for r in records]), records[-1]["step"]
 
 
+@pytest.mark.slow
 def test_real_sweep_points_and_csv_match_the_metrics_files(real_sweep, tmp_path, capsys):
     out = tmp_path / "out"
     assert main([str(real_sweep), "--out", str(out), "--markdown"]) == 0
@@ -520,6 +523,7 @@ def test_real_sweep_points_and_csv_match_the_metrics_files(real_sweep, tmp_path,
     assert table[5].startswith("| Transformer-XL | 16 | 1 |")
 
 
+@pytest.mark.slow
 def test_real_sweep_with_runs_not_done_yet(real_sweep, tmp_path, capsys):
     sweep = tmp_path / "sweep"
     shutil.copytree(real_sweep, sweep)
@@ -589,6 +593,7 @@ def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_curves_refuses_a_language_model_run_in_one_line(tmp_path):
     """A train_lm.py run has no env: curves says so and names the tools for it."""
     lm_config = {"task": {"name": "copy"}, "memory": {"kind": "expire_span"}, "seed": 0}

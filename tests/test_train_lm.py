@@ -116,6 +116,7 @@ def test_bad_task_options_are_config_errors(tmp_path):
         train_lm.load_data(cfg.task, DistInfo())
 
 
+@pytest.mark.slow
 def test_config_error_exits_with_code_2_before_any_work(tmp_path):
     result = run(["memory.block_len=0"], tmp_path / "run")
     assert result.returncode == 2, result.stderr
@@ -123,6 +124,7 @@ def test_config_error_exits_with_code_2_before_any_work(tmp_path):
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_unknown_task_names_the_valid_choices(tmp_path):
     result = run(["task=enwik9"], tmp_path / "run")
     assert result.returncode != 0
@@ -130,6 +132,7 @@ def test_unknown_task_names_the_valid_choices(tmp_path):
         assert choice in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_enwik8_says_where_to_put_it(tmp_path):
     # a relative data_dir is read from where the run was started
     result = run(["task=enwik8", "task.data_dir=corpus"], tmp_path / "run", cwd=tmp_path)
@@ -191,6 +194,7 @@ def valid_start(size: int) -> int:
     return size - 2 * int(size * 0.05)
 
 
+@pytest.mark.slow
 def test_text_run_predicts_bytes_better_than_their_frequencies(text_run):
     data = TEXT_FILE.read_bytes()
     valid = data[valid_start(len(data)) :][:4096]
@@ -207,6 +211,7 @@ def test_text_run_predicts_bytes_better_than_their_frequencies(text_run):
         assert 0 <= last[f"span/l{layer}_near_zero"] <= 1
 
 
+@pytest.mark.slow
 def test_eval_mode_scores_a_checkpoint_as_training_did(text_run):
     result = run(["mode=eval", f"checkpoint={text_run}", "eval.split=valid", "eval.tokens=4096"],
                  text_run.parent / "eval")  # fmt: skip
@@ -216,6 +221,7 @@ def test_eval_mode_scores_a_checkpoint_as_training_did(text_run):
     assert scored["valid_bpb"] == pytest.approx(final(text_run, "valid_bpb"), rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_finished_run_scores_the_test_split_as_eval_mode_does_and_draws_its_curves(
     text_run,
 ):
@@ -234,6 +240,7 @@ def test_a_finished_run_scores_the_test_split_as_eval_mode_does_and_draws_its_cu
     )
 
 
+@pytest.mark.slow
 def test_copy_needs_a_memory_that_reaches_the_first_run(tmp_path, cache_dir):
     """Copy over 16 B's: Transformer-XL with 2 layers x span 4 = 8 < 16 cannot see how many
     A's there were and guesses (chance 1/2 with max_count 2); Expire-Span with L = 32 can,
@@ -371,6 +378,7 @@ def test_a_failing_run_closes_its_logger_and_process_group(tmp_path, cache_dir, 
     assert closed == ["logger 1", "process group"]  # W&B told the run failed
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_exactly_where_it_stopped(tmp_path, cache_dir):
     # constant learning rate, so the schedule does not depend on total_steps
     args = [
@@ -449,12 +457,14 @@ def test_a_refused_group_override_names_the_leaf_keys_it_changes():
     assert message.count("memory.dim") == 1 and "{" not in message and "num_heads" not in message
 
 
+@pytest.mark.slow
 def test_resume_without_a_checkpoint_says_where_it_looked(tmp_path):
     result = run([*SMALL, "resume=true"], tmp_path / "empty")
     assert result.returncode == 2
     assert "checkpoint" in result.stderr and "empty" in result.stderr
 
 
+@pytest.mark.slow
 def test_torchrun_splits_the_rows_and_matches_one_process(tmp_path, cache_dir):
     args = [
         *SMALL,
@@ -516,6 +526,7 @@ def memory_spans(model, ids, num_layers):
     return found
 
 
+@pytest.mark.slow
 def test_visualization_shows_the_models_spans_one_row_per_layer(text_run, tmp_path):
     out = tmp_path / "spans"
     assert visualize.main([str(text_run), "--text", str(TEXT_FILE), "--length", "300",
@@ -546,6 +557,7 @@ def test_visualization_shows_the_models_spans_one_row_per_layer(text_run, tmp_pa
     assert [label for label in labels if label.startswith("layer")] == ["layer 1", "layer 2"]
 
 
+@pytest.mark.slow
 def test_visualization_reads_a_split_of_the_trained_task(text_run, tmp_path):
     out = tmp_path / "valid"
     code = visualize.main([str(text_run), "--split", "valid", "--offset", "10", "--length", "64",
@@ -556,6 +568,7 @@ def test_visualization_reads_a_split_of_the_trained_task(text_run, tmp_path):
     assert shown["tokens"] == list(TEXT_FILE.read_bytes()[start : start + 64])
 
 
+@pytest.mark.slow
 def test_collision_probe_refuses_a_model_of_another_task(text_run, capsys):
     with pytest.raises(SystemExit) as stopped:
         collision_probe.main([str(text_run)])
@@ -589,6 +602,7 @@ def rl_run(tmp_path_factory):
     [(visualize, ["--split", "valid", "--out", "spans"]), (collision_probe, [])],
     ids=["visualize", "collision_probe"],
 )
+@pytest.mark.slow
 def test_language_model_tools_refuse_an_rl_run_in_one_line(tool, args, rl_run, capsys):
     for given in (rl_run, rl_run / "checkpoint.pt"):
         with pytest.raises(SystemExit) as stopped:

@@ -26,6 +26,7 @@ from memory import kind_names
 from scripts import claimed_by_another_process, load_script, record_closing
 from training import env_seeds, save_resolved_config
 
+pytestmark = pytest.mark.slow  # train_rl.py in subprocesses, test by test
 ROOT = Path(__file__).resolve().parents[1]
 
 

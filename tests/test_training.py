@@ -154,6 +154,7 @@ def test_exit_on_config_error_prints_one_line_and_exits_2(capsys):
     )
 
 
+@pytest.mark.slow
 def test_hydra_entry_point_exits_2_without_traceback_before_any_work(tmp_path):
     (tmp_path / "conf").mkdir()
     (tmp_path / "conf" / "config.yaml").write_text("wandb:\n  mode: offline\nsteps: 10\n")
@@ -461,6 +462,7 @@ def test_disabled_logger_on_other_ranks_writes_nothing(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_writes_under_the_run_dir_without_network(tmp_path, monkeypatch, capfd):
     wandb = pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_BASE_URL", "http://127.0.0.1:9")  # any network use would fail
@@ -568,6 +570,7 @@ def _distributed_worker(rank: int, port: int, out_dir: str) -> None:
         json.dump(result, file)
 
 
+@pytest.mark.slow
 def test_two_process_gloo_setup_and_metric_mean(tmp_path):
     for rank in range(2):
         (tmp_path / f"cwd{rank}").mkdir()
@@ -777,6 +780,7 @@ def test_a_run_directory_belongs_to_one_live_process(tmp_path):
 @pytest.mark.parametrize(
     "tool", ["analysis.visualize", "analysis.collision_probe", "analysis.module_swap"]
 )
+@pytest.mark.slow
 def test_tools_refuse_a_damaged_checkpoint_in_one_line(tmp_path, tool):
     save_checkpoint(tmp_path, {"weights": torch.arange(4096.0), "step": 1})
     path = tmp_path / "checkpoint.pt"
