@@ -57,6 +57,9 @@ class RunScore:
     mmer: float | None
 
 
+NORMALISED = ("mmer", "return", "success")  # the task metrics with a known range
+
+
 def normalise(metric: str, value: float) -> float:
     """A task metric on [0, 1]: POPGym's returns, in [-1, 1], as (r + 1) / 2; rates as they are."""
     if metric in ("return", "mmer"):

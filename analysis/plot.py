@@ -61,7 +61,13 @@ from matplotlib.figure import Figure  # drawn with Agg, without pyplot's global 
 from omegaconf import OmegaConf
 
 from agents import BASELINE_KINDS
-from analysis.aggregate import AggregateError, aggregate_markdown, plot_aggregate, score_run
+from analysis.aggregate import (
+    NORMALISED,
+    AggregateError,
+    aggregate_markdown,
+    plot_aggregate,
+    score_run,
+)
 from analysis.runs import LM, run_kind
 from envs.registry import NAMED_ENVS
 from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
@@ -73,7 +79,6 @@ EVAL_PREFIXES = ("valid_", "test_")  # metrics from full evaluation passes: the 
 RUNNING_MAXIMA = ("mmer",)  # the best so far: the last one counts too
 TEXT_TASKS = ("enwik8", "text")
 RETURN = "return"  # the interval mean episode return, the series MMER is the maximum of
-AGGREGATED_METRICS = ("mmer", "return", "success")  # those analysis.aggregate normalises
 HOLD_TOLERANCE = 0.1  # POPGym returns are normalised and success is a rate: a tenth is a real drop
 # An interval within this of the best has reached it: a plateau's interval means differ by noise,
 # so its first interval, not the one that happens to round highest, is where the best begins.
@@ -775,7 +780,7 @@ def write_aggregate(settings: Sequence[Setting], out_dir: Path) -> tuple[str, Pa
     """The rliable tables of RL runs over several tasks (`analysis.aggregate`) and
     OUT_DIR/aggregate.png; nothing for runs whose metrics have no known range."""
     runs = [run for setting in settings for run in setting.runs]
-    unknown = sorted({run.metric for run in runs} - set(AGGREGATED_METRICS))
+    unknown = sorted({run.metric for run in runs} - set(NORMALISED))
     if unknown:
         raise AggregateError(f"no known range for {', '.join(unknown)}, so no normalised score")
     if not installed("rliable"):

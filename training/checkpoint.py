@@ -34,6 +34,8 @@ from training.run_dir import CHECKPOINT_FILE
 DIGEST_KEY = "sha256"  # the checkpoint's digest of the rest of its contents (content_digest)
 BEST_CHECKPOINT_FILE = "best.pt"  # the model at the best logged task metric (for evaluation)
 SNAPSHOT = re.compile(r"checkpoint_(\d+)\.pt")
+# What torch.load(weights_only=True) reads back; exact types, so e.g. numpy.float64 (a float
+# subclass that pickles as a NumPy object) is caught.
 _PLAIN_TYPES = (int, float, complex, bool, str, bytes, bytearray, type(None))
 _TORCH_TYPES = (torch.Tensor, torch.Size, torch.dtype, torch.device)
 _MAPPING_TYPES = (dict, collections.OrderedDict)

@@ -18,6 +18,7 @@ from omegaconf.errors import OmegaConfBaseException
 from training.checkpoint import BEST_CHECKPOINT_FILE, SNAPSHOT, load_checkpoint
 from training.config import ConfigError, check_writable
 from training.metrics import METRICS_FILE, WANDB_ID_FILE
+from training.presets import flattened
 from training.run_dir import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -31,8 +32,9 @@ from training.run_dir import (
 
 RESUME_AUTO = "auto"  # resume=auto: continue the run directory's checkpoint, or start anew
 RESUME_CHOICES = (False, True, RESUME_AUTO)
-# Config fields a resumed run takes from the command line; the saved run's config wins for
-# every other field.
+NOT_SETTINGS = ("defaults", "hydra")  # what a config file holds besides settings
+# Config fields a resume may change, each only where its command gives it (`given_keys`); the
+# saved run's config wins for every other field.
 RESUMABLE = (
     "resume",
     "overwrite",
@@ -46,8 +48,6 @@ RESUMABLE = (
     "torch_threads",
     "wandb",
 )
-# What torch.load(weights_only=True) reads back; exact types, so e.g. numpy.float64 (a float
-# subclass that pickles as a NumPy object) is caught.
 
 
 def resume_checkpoint(
@@ -205,8 +205,9 @@ def resumed_config(
     for key in ("resume", "overwrite"):  # this command's own
         saved[key] = cfg.get(key)
     for key in given_keys(overrides, config_dir):
-        if key.split(".")[0] in RESUMABLE and OmegaConf.select(cfg, key) is not None:
-            OmegaConf.update(saved, key, OmegaConf.select(cfg, key), force_add=True)
+        value = OmegaConf.select(cfg, key, default=unset)
+        if key.split(".")[0] in RESUMABLE and value is not unset:
+            OmegaConf.update(saved, key, value, force_add=True)
     return saved
 
 
@@ -223,20 +224,9 @@ def given_keys(overrides: Sequence[str], config_dir: Path | None) -> list[str]:
         text = path.read_text()
         package = "" if "@package _global_" in text.split("\n", 1)[0] else f"{key}."
         node = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-        keys += [f"{package}{name}" for name in _leaf_keys(node) if name.split(".")[0] != "hydra"]
+        settings = [name for name in flattened(node) if name.split(".")[0] not in NOT_SETTINGS]
+        keys += [f"{package}{name}" for name in settings]
     return keys
-
-
-def _leaf_keys(node: Any, prefix: str = "") -> list[str]:
-    """The dotted keys of a config file's leaves (its `defaults` list is not a setting)."""
-    if not isinstance(node, dict):
-        return [prefix[:-1]]
-    return [
-        leaf
-        for name, value in node.items()
-        if f"{prefix}{name}" != "defaults"
-        for leaf in _leaf_keys(value, f"{prefix}{name}.")
-    ]
 
 
 def check_resume_choice(resume: Any) -> None:
