@@ -4,7 +4,7 @@ The loop reads top to bottom: check the config, load (or generate) the task, cut
 training stream into B parallel rows and walk them in blocks of K = memory.block_len
 tokens. Each update reads one block, carries the memory (detached) to the next block, and
 takes an Adam step with linear warm-up and cosine decay; every eval_interval updates a full
-pass over the first eval_tokens of the validation split, memory carried, gives valid_bpb
+pass over the first valid_prefix tokens of the validation split, memory carried, gives valid_bpb
 (byte tasks) or valid_accuracy / valid_error (answer tasks). `mode=eval checkpoint=PATH`
 evaluates a checkpoint on a split instead; `init_from=RUN` starts from another run's weights
 (fine-tuning, a curriculum of grids). Under `torchrun` every rank walks its own slice of the
@@ -18,21 +18,17 @@ from the same data; the checkpoint also holds the carried memory, so it continue
 
 from __future__ import annotations
 
-import os
+import training  # noqa: F401  (first: it sets OpenMP's spin count before anything loads torch)
 
-# OpenMP threads waiting for work spin only briefly before they sleep (GNU libgomp's default is
-# 300,000 spins): with two runs on the cores, a spinning thread burns the time slice that its
-# partner thread needs, and each of two default runs fell to a quarter of its speed alone;
-# with 1,000 spins each keeps about half (docs/performance.md). Set before torch loads OpenMP.
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+# isort: split
 
-import gc
 import json
 import logging
 import math
 import sys
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import hydra
@@ -43,6 +39,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
+from analysis.curves import lm_panels, plot_curves
 from lm import (
     IGNORE,
     TASKS,
@@ -53,12 +50,10 @@ from lm import (
     load_task,
     source_rows,
 )
-from lm.curves import plot_lm_curves
 from lm.model import LanguageModel, trained_model
-from memory import MemoryConfig, MemoryState, kind_names
+from memory import CoreOutput, MemoryConfig, MemoryState, kind_names
 from training import (
     CHECKPOINT_FILE,
-    CURVES_FILE,
     EVAL_FILE,
     METRICS_FILE,
     ConfigError,
@@ -66,28 +61,26 @@ from training import (
     SpanStats,
     all_gather_object,
     all_reduce_mean,
-    atomic_open,
     broadcast_object,
     check_checkpoint_kind,
     check_choice,
     check_positive,
     check_positive_int,
     check_range,
-    check_run_dir_argument,
     check_wandb_config,
     checkpoint_file,
     command_line_overrides,
-    eval_writes_nothing,
     exit_on_config_error,
     gather_rank_states,
     load_checkpoint,
+    load_trained,
     progress_bar,
     rank_seed,
     read_metrics,
     refuse_added_keys,
     restore_rng_state,
-    resumed_run,
     save_checkpoint,
+    save_report,
     seed_everything,
     set_metrics,
     start_logging,
@@ -95,7 +88,7 @@ from training import (
     thread_count,
     use_host,
 )
-from training.extras import require_launcher
+from training.entry import checked_command_line, train_or_evaluate
 from training.schedule import lr_fraction
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
@@ -124,8 +117,8 @@ def check_config(cfg: DictConfig) -> None:
         "checkpoint_interval",
     ):
         check_positive_int(key, cfg[key])
-    if cfg.eval_tokens is not None:
-        check_positive_int("eval_tokens", cfg.eval_tokens)
+    if cfg.valid_prefix is not None:
+        check_positive_int("valid_prefix", cfg.valid_prefix)
     if cfg.eval.tokens is not None:
         check_positive_int("eval.tokens", cfg.eval.tokens)
     check_choice("eval.split", cfg.eval.split, ("train", "valid", "test"))
@@ -319,24 +312,24 @@ def check_divisible(name: str, value: int, dist: DistInfo) -> None:
         )
 
 
+@dataclass
+class LMProgress:
+    """Where a run is: updates done, the memory its rows carry to the next block, and the
+    sums of the logging interval so far."""
+
+    step: int = 0
+    state: MemoryState | None = None
+    interval: dict[str, float] = field(default_factory=lambda: dict.fromkeys(INTERVAL_KEYS, 0.0))
+    seconds: float = 0.0  # this process's training time over the interval's steps since it
+    timed_steps: int = 0  # started or the run resumed (not in the checkpoint)
+
+
 def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
     with ExitStack() as resources:  # closed on every way out, exceptions included
         dist, run_dir = start_run(resources, cfg, checkpoint)
-        check_divisible("batch_size", cfg.batch_size, dist)
-        check_divisible("eval_batch_size", cfg.eval_batch_size, dist)
-        data = load_data(cfg.task, dist)
-        K = cfg.memory.block_len
-        train_rows = rank_rows(cut_rows(data.train, None, cfg.batch_size, "batch_size"), dist)
-        blocks_per_epoch = train_rows.inputs.shape[1] // K
-        if blocks_per_epoch < 1:
-            raise ConfigError(
-                f"the training split ({len(data.train):,} tokens) cut into batch_size="
-                f"{cfg.batch_size} rows is shorter than one block (memory.block_len={K}); "
-                "use more data, fewer rows or shorter blocks"
-            )
-        valid_rows = cut_rows(data.valid, cfg.eval_tokens, cfg.eval_batch_size, "eval_batch_size")
-
+        data, train_rows, valid_rows = load_rows(cfg, dist)
+        blocks_per_epoch = train_rows.inputs.shape[1] // cfg.memory.block_len
         seed_everything(rank_seed(cfg.seed, dist.rank))
         model = build_model(cfg, data.vocab_size)
         if checkpoint is None and cfg.get("init_from") is not None:
@@ -350,114 +343,180 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             else model
         )
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True)
-        first_step, state = 0, None
-        interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
+        progress = LMProgress()
         if checkpoint is not None:
-            model.load_state_dict(checkpoint["model"])
-            optimizer.load_state_dict(checkpoint["optimizer"])
-            restore_rng_state(checkpoint["rng"][dist.rank])
-            first_step = checkpoint["step"]
-            state = MemoryState.from_state_dict(checkpoint["memory_state"][dist.rank], dist.device)
-            interval = checkpoint["interval"][dist.rank]
+            progress = restore(checkpoint, dist, model, optimizer)
         logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
-        progress = resources.enter_context(
-            progress_bar(cfg.total_steps, initial=first_step, enabled=dist.is_main)
+        bar = resources.enter_context(
+            progress_bar(cfg.total_steps, initial=progress.step, enabled=dist.is_main)
         )
-        task_metric = "valid_bpb" if data.metric == "bpb" else f"valid_{data.metric}"
-        # errors of answers that learn nothing (collision), over the whole validation split
-        whole_split = data.info.get("baselines", {}).get("valid", {}) if not cfg.eval_tokens else {}
-        baselines = {f"valid_{key}": value for key, value in whole_split.items()}
-        tokens_per_step = cfg.batch_size * K
-        train_time, timed_steps = 0.0, 0  # this process's training time since the last log
+        task_metric = f"valid_{data.metric}"
+        baselines = valid_baselines(data, cfg.valid_prefix)
 
         model.train()
-        for step in range(first_step, cfg.total_steps):
-            started = time.perf_counter()
-            position = step % blocks_per_epoch
-            if position == 0:  # each row starts over from its beginning: nothing to remember
-                state = model.initial_state(train_rows.inputs.shape[0], dist.device)
-            x, y = block(train_rows, position * K, K, dist.device)
-            scored = int((y != IGNORE).sum())
-            # The loss is the mean over every rank's scored targets, as in one process: DDP
-            # averages the ranks' gradients, so each rank scales its sum by world_size / total.
-            total_scored = all_reduce_mean({"scored": scored}, dist)["scored"] * dist.world_size
-            logits, out = ddp_model(x, state)
-            state = out.state
-            loss_sum = F.cross_entropy(
-                logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
-            )
-            loss = loss_sum * (dist.world_size / max(total_scored, 1.0)) + out.aux_loss
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate(cfg, step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(
-                model.parameters(), cfg.grad_clip if cfg.grad_clip else math.inf
-            )
-            optimizer.step()
-            for key, value in (
-                ("loss_sum", loss_sum.item()),
-                ("scored", scored),
-                ("aux_loss", float(out.aux_loss.detach())),
-                ("memory_size", out.memory_size),
-                ("grad_norm", grad_norm.item()),
-                ("steps", 1),
-            ):
-                interval[key] += value
-            train_time += time.perf_counter() - started
-            timed_steps += 1
-            done = step + 1
-            progress.update(1)
-
+        for step in range(progress.step, cfg.total_steps):
+            out = train_step(cfg, model, ddp_model, optimizer, train_rows, progress, dist)
+            progress.step = done = step + 1
+            bar.update(1)
             last = done == cfg.total_steps
             record = {}
             if done % cfg.log_interval == 0 or last:
-                means = all_reduce_mean(interval, dist)
-                steps = interval["steps"]
                 record.update(
-                    train_loss=means["loss_sum"] / means["scored"] if means["scored"] else math.nan,
-                    aux_loss=means["aux_loss"] / steps,
-                    memory_size=means["memory_size"] / steps,
-                    grad_norm=means["grad_norm"] / steps,
-                    lr=learning_rate(cfg, step),
-                    tokens_per_s=timed_steps * tokens_per_step / train_time,
-                    epoch=done / blocks_per_epoch,
+                    interval_metrics(cfg, progress, out, data.metric, blocks_per_epoch, dist)
                 )
-                if data.metric == "bpb":
-                    record["train_bpb"] = record["train_loss"] / math.log(2)
-                last_block = SpanStats()  # the spans of this block's new memories, per layer
-                last_block.add(out.spans)
-                record.update(all_reduce_mean(last_block.summary(), dist))
-                interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
-                train_time, timed_steps = 0.0, 0
             if done % cfg.eval_interval == 0 or last:
                 record.update(evaluate(model, valid_rows, data.metric, dist, "valid"), **baselines)
             if record:
                 logger.log(record, step=done)
                 shown = ("train_loss", task_metric, "memory_size")
-                set_metrics(progress, {k: record[k] for k in shown if k in record})
+                set_metrics(bar, {k: record[k] for k in shown if k in record})
             if done % cfg.checkpoint_interval == 0 or last:
-                # Every rank takes part: its memory and interval sums are gathered.
-                gathered = gather_rank_states(
-                    dist, model, memory_state=state.state_dict(), interval=dict(interval)
-                )
-                if dist.is_main:
-                    save_checkpoint(
-                        run_dir,
-                        {
-                            **gathered,
-                            "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict(),
-                            "step": done,
-                            "vocab": list(data.vocab),
-                            "config": OmegaConf.to_container(cfg, resolve=True),
-                            "started_in": str(started_in()),  # its relative task paths' base
-                        },
-                    )
-        progress.close()
+                save_training(cfg, model, optimizer, progress, data, run_dir, dist)
+        bar.close()
         if cfg.eval.after_training:  # every rank scores its share of the rows
-            step = max(first_step, cfg.total_steps)  # the step of the model scored
+            step = max(progress.step, cfg.total_steps)  # the step of the model scored
             report_trained_model(model, data, cfg, run_dir, dist, step)
+
+
+def load_rows(cfg: DictConfig, dist: DistInfo) -> tuple[TaskData, Split, Split]:
+    """The task, this rank's training rows (B rows of the training stream, this rank's share)
+    and the validation prefix in eval_batch_size rows."""
+    check_divisible("batch_size", cfg.batch_size, dist)
+    check_divisible("eval_batch_size", cfg.eval_batch_size, dist)
+    data = load_data(cfg.task, dist)
+    K = cfg.memory.block_len
+    train_rows = rank_rows(cut_rows(data.train, None, cfg.batch_size, "batch_size"), dist)
+    if train_rows.inputs.shape[1] < K:
+        raise ConfigError(
+            f"the training split ({len(data.train):,} tokens) cut into batch_size="
+            f"{cfg.batch_size} rows is shorter than one block (memory.block_len={K}); "
+            "use more data, fewer rows or shorter blocks"
+        )
+    valid_rows = cut_rows(data.valid, cfg.valid_prefix, cfg.eval_batch_size, "eval_batch_size")
+    return data, train_rows, valid_rows
+
+
+def valid_baselines(data: TaskData, valid_prefix: int | None) -> dict[str, float]:
+    """The errors of answers that learn nothing (collision), logged beside the validation
+    metrics when the whole validation split is read."""
+    whole_split = data.info.get("baselines", {}).get("valid", {}) if not valid_prefix else {}
+    return {f"valid_{key}": value for key, value in whole_split.items()}
+
+
+def restore(
+    checkpoint: dict, dist: DistInfo, model: LanguageModel, optimizer: torch.optim.Optimizer
+) -> LMProgress:
+    """Loads ``checkpoint`` into the model and optimizer a fresh run built; returns where the
+    run was, this rank's carried memory and interval sums included."""
+    model.load_state_dict(checkpoint["model"])
+    optimizer.load_state_dict(checkpoint["optimizer"])
+    restore_rng_state(checkpoint["rng"][dist.rank])
+    state = MemoryState.from_state_dict(checkpoint["memory_state"][dist.rank], dist.device)
+    return LMProgress(checkpoint["step"], state, checkpoint["interval"][dist.rank])
+
+
+def train_step(
+    cfg: DictConfig,
+    model: LanguageModel,
+    ddp_model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    rows: Split,
+    progress: LMProgress,
+    dist: DistInfo,
+) -> CoreOutput:
+    """One update on block `progress.step` mod (row length // K) of every row, the memory
+    carried from the block before (detached); adds to the interval sums. `ddp_model` is
+    `model`, or its DistributedDataParallel wrapper under torchrun."""
+    started = time.perf_counter()
+    K = cfg.memory.block_len
+    position = progress.step % (rows.inputs.shape[1] // K)
+    if position == 0:  # each row starts over from its beginning: nothing to remember
+        progress.state = model.initial_state(rows.inputs.shape[0], dist.device)
+    x, y = block(rows, position * K, K, dist.device)
+    scored = int((y != IGNORE).sum())
+    # The loss is the mean over every rank's scored targets, as in one process: DDP averages
+    # the ranks' gradients, so each rank scales its sum by world_size / total.
+    total_scored = all_reduce_mean({"scored": scored}, dist)["scored"] * dist.world_size
+    logits, out = ddp_model(x, progress.state)
+    progress.state = out.state
+    loss_sum = F.cross_entropy(
+        logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
+    )
+    loss = loss_sum * (dist.world_size / max(total_scored, 1.0)) + out.aux_loss
+    for group in optimizer.param_groups:
+        group["lr"] = learning_rate(cfg, progress.step)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        model.parameters(), cfg.grad_clip if cfg.grad_clip else math.inf
+    )
+    optimizer.step()
+    for key, value in (
+        ("loss_sum", loss_sum.item()),
+        ("scored", scored),
+        ("aux_loss", float(out.aux_loss.detach())),
+        ("memory_size", out.memory_size),
+        ("grad_norm", grad_norm.item()),
+        ("steps", 1),
+    ):
+        progress.interval[key] += value
+    progress.seconds += time.perf_counter() - started
+    progress.timed_steps += 1
+    return out
+
+
+def interval_metrics(
+    cfg: DictConfig,
+    progress: LMProgress,
+    out: CoreOutput,
+    metric: str,
+    blocks_per_epoch: int,
+    dist: DistInfo,
+) -> dict[str, float]:
+    """The logging interval's line, averaged over ranks (a collective: every rank calls it),
+    with the spans of the last block's new memories; starts the next interval."""
+    K = cfg.memory.block_len
+    means = all_reduce_mean(progress.interval, dist)
+    steps = progress.interval["steps"]
+    record = {
+        "train_loss": means["loss_sum"] / means["scored"] if means["scored"] else math.nan,
+        "aux_loss": means["aux_loss"] / steps,
+        "memory_size": means["memory_size"] / steps,
+        "grad_norm": means["grad_norm"] / steps,
+        "lr": learning_rate(cfg, progress.step - 1),
+        "tokens_per_s": progress.timed_steps * cfg.batch_size * K / progress.seconds,
+        "epoch": progress.step / blocks_per_epoch,
+    }
+    if metric == "bpb":
+        record["train_bpb"] = record["train_loss"] / math.log(2)
+    last_block = SpanStats()  # the spans of this block's new memories, per layer
+    last_block.add(out.spans)
+    record.update(all_reduce_mean(last_block.summary(), dist))
+    progress.interval = dict.fromkeys(INTERVAL_KEYS, 0.0)
+    progress.seconds, progress.timed_steps = 0.0, 0
+    return record
+
+
+def save_training(
+    cfg: DictConfig,
+    model: LanguageModel,
+    optimizer: torch.optim.Optimizer,
+    progress: LMProgress,
+    data: TaskData,
+    run_dir: Path,
+    dist: DistInfo,
+) -> None:
+    """RUN_DIR/checkpoint.pt, which `restore` loads (a collective: every rank's memory and
+    interval sums are gathered)."""
+    gathered = gather_rank_states(
+        dist, model, memory_state=progress.state.state_dict(), interval=dict(progress.interval)
+    )
+    if dist.is_main:
+        state = {**gathered, "model": model.state_dict(), "optimizer": optimizer.state_dict()}
+        state.update(step=progress.step, vocab=list(data.vocab))
+        state["config"] = OmegaConf.to_container(cfg, resolve=True)
+        state["started_in"] = str(started_in())  # its relative task paths' base
+        save_checkpoint(run_dir, state)
 
 
 def report_trained_model(
@@ -475,11 +534,9 @@ def report_trained_model(
     if not dist.is_main:
         return
     result.update(step=step, checkpoint=str(run_dir / CHECKPOINT_FILE))
-    with atomic_open(run_dir / EVAL_FILE, "w") as file:
-        json.dump(result, file)
     records = read_metrics(run_dir / METRICS_FILE)
-    with atomic_open(run_dir / CURVES_FILE, "wb") as file:
-        plot_lm_curves(records, f"valid_{data.metric}").savefig(file, format="png", dpi=110)
+    curves = plot_curves([(cfg.memory.kind, records)], lm_panels(f"valid_{data.metric}"), "updates")
+    save_report(run_dir, result, curves)
     metric = f"{cfg.eval.split}_{data.metric}"
     log.info(
         "%s: %.4f over %s tokens of the %s split (%s)",
@@ -511,10 +568,7 @@ def evaluate_split(
 def evaluate_checkpoint(cfg: DictConfig) -> None:
     """Evaluates a checkpoint on eval.split (its first eval.tokens tokens, or all) and prints
     the result as one JSON line."""
-    checkpoint = load_checkpoint(cfg.checkpoint)
-    if checkpoint is None:
-        raise ConfigError(f"checkpoint={cfg.checkpoint}: no checkpoint file there")
-    check_checkpoint_kind(checkpoint, "model", cfg.checkpoint, other="train_rl.py")
+    checkpoint = load_trained(cfg.checkpoint, "model", other="train_rl.py")
     trained = OmegaConf.create(checkpoint["config"])
     use_host(cfg.torch_threads)
     dist = DistInfo()
@@ -531,19 +585,9 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
 @hydra.main(config_path="configs", config_name="lm", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> None:
-    if cfg.mode == "eval":
-        check_config(cfg)
-        evaluate_checkpoint(cfg)
-        return
-    cfg, checkpoint = resumed_run(cfg, CONFIGS)
-    check_config(cfg)
-    train(cfg, checkpoint)
-    gc.collect()  # frees a DDP wrapper's process group now, not at shutdown (cleanup_distributed)
+    train_or_evaluate(cfg, CONFIGS, check_config, train, evaluate_checkpoint)
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = eval_writes_nothing(sys.argv[1:])
-    # checked before Hydra writes anything:
-    exit_on_config_error(require_launcher)(sys.argv[1:])
-    exit_on_config_error(check_run_dir_argument)(sys.argv[1:], CONFIGS, "lm", check_config)
+    sys.argv[1:] = checked_command_line(sys.argv[1:], CONFIGS, "lm", check_config)
     main()

@@ -10,15 +10,10 @@ instead. Under `torchrun` every rank steps its own environments and gradients ar
 
 from __future__ import annotations
 
-import os
+import training  # noqa: F401  (first: it sets OpenMP's spin count before anything loads torch)
 
-# OpenMP threads waiting for work spin only briefly before they sleep (GNU libgomp's default is
-# 300,000 spins): with two runs on the cores, a spinning thread burns the time slice that its
-# partner thread needs, and each of two default runs fell to a quarter of its speed alone;
-# with 1,000 spins each keeps about half (docs/performance.md). Set before torch loads OpenMP.
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+# isort: split
 
-import gc
 import json
 import logging
 import math
@@ -41,12 +36,11 @@ from agents.losses import ADVANTAGE_SCALES
 from agents.play import Player
 from agents.rollout import Unroll, collect_unroll
 from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
-from analysis.curves import plot_curves, run_label
+from analysis.curves import plot_curves, rl_panels, run_label
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import kind_names
 from training import (
     BEST_CHECKPOINT_FILE,
-    CURVES_FILE,
     EVAL_FILE,
     METRICS_FILE,
     ConfigError,
@@ -56,30 +50,25 @@ from training import (
     UpdateMeans,
     all_reduce_max,
     all_reduce_mean,
-    atomic_open,
-    check_checkpoint_kind,
     check_choice,
     check_positive,
     check_positive_int,
-    check_run_dir_argument,
     check_wandb_config,
     check_whole,
     check_writable,
     command_line_overrides,
-    describe_preset,
     env_seeds,
-    eval_writes_nothing,
     exit_on_config_error,
     gather_rank_states,
-    load_checkpoint,
+    load_trained,
     progress_bar,
     rank_seed,
     read_metrics,
     refuse_added_keys,
     resolve_device,
     restore_rng_state,
-    resumed_run,
     save_checkpoint,
+    save_report,
     seed_everything,
     set_metrics,
     start_logging,
@@ -87,7 +76,8 @@ from training import (
     thread_count,
     use_host,
 )
-from training.extras import EXTRAS, require, require_launcher
+from training.entry import checked_command_line, train_or_evaluate
+from training.extras import EXTRAS, require
 from training.schedule import LR_SCHEDULES
 
 LEARNERS = ("a2c", "ppo")
@@ -107,18 +97,33 @@ def check_config(cfg: DictConfig) -> None:
     """Reject impossible settings before any work is done."""
     refuse_added_keys(command_line_overrides(), cfg, CONFIGS, OPEN_KEYS)
     check_choice("mode", cfg.mode, ("train", "eval"))
-    check_choice("env", cfg.env.name, NAMED_ENVS)
-    env = named_env(cfg.env.name)
     thread_count(cfg.torch_threads)  # auto, or a positive number
+    for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
+        check_positive_int(key, cfg[key])
+    check_whole("checkpoint_keep", cfg.checkpoint_keep)
+    check_whole("seed", cfg.seed)  # (env_seeds draws from NumPy's SeedSequence of it)
+    check_wandb_config(cfg.wandb)
+    check_learner(cfg)
+    single = checked_env(cfg.env)
+    check_choice("memory", cfg.memory.kind, (*kind_names(), *BASELINE_KINDS))
+    try:
+        build_core(cfg.memory)  # the memory config checks its own fields
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    try:  # the agent checks the env's observation and action spaces
+        build_agent(cfg, single.observation_space, single.action_space)
+    except ValueError as error:
+        raise ConfigError(f"env.id={cfg.env.id}: {error}") from None
+    check_eval(cfg)
+
+
+def check_learner(cfg: DictConfig) -> None:
+    """The agent's settings, and the memory's that acting and learning must agree on."""
     check_choice("agent", cfg.agent.name, LEARNERS)
     check_choice("agent.optimizer", cfg.agent.optimizer, OPTIMIZERS)
     check_choice("agent.lr_schedule", cfg.agent.lr_schedule, LR_SCHEDULES)
     if cfg.agent.name == "ppo":
         check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)
-    for key in ("num_envs", "unroll_len", "total_steps", "log_interval", "checkpoint_interval"):
-        check_positive_int(key, cfg[key])
-    check_whole("checkpoint_keep", cfg.checkpoint_keep)
-    check_whole("seed", cfg.seed)  # (env_seeds draws from NumPy's SeedSequence of it)
     check_positive("agent.lr", cfg.agent.lr)
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
@@ -135,34 +140,45 @@ def check_config(cfg: DictConfig) -> None:
             f"agent.minibatches={cfg.agent.minibatches} is more than num_envs={cfg.num_envs}: a "
             "minibatch holds whole environment sequences, so use at most one per environment"
         )
-    check_wandb_config(cfg.wandb)
     if cfg.compile_acting:
         try:
             refuse_unchecked_target(resolve_device(cfg.device))
         except RuntimeError as error:
             raise ConfigError(str(error)) from None
+
+
+def checked_env(env_cfg: DictConfig) -> gym.Env:
+    """One environment of the config, closed, for its spaces: the env checks its id and its
+    own keyword arguments."""
+    check_choice("env", env_cfg.name, NAMED_ENVS)
+    env = named_env(env_cfg.name)
     if env.any_gym_id:
-        check_choice("env.vectorization", cfg.env.vectorization, VECTORIZATIONS)
-        check_choice("env.normalise_observations", cfg.env.normalise_observations, NORMALISE)
-        if cfg.env.max_episode_steps is not None:
-            check_positive_int("env.max_episode_steps", cfg.env.max_episode_steps)
-    try:  # the env checks its id and its own keyword arguments
-        single = make_env(cfg.env)
+        check_choice("env.vectorization", env_cfg.vectorization, VECTORIZATIONS)
+        check_choice("env.normalise_observations", env_cfg.normalise_observations, NORMALISE)
+        if env_cfg.max_episode_steps is not None:
+            check_positive_int("env.max_episode_steps", env_cfg.max_episode_steps)
+    try:
+        single = make_env(env_cfg)
         single.close()
     except (gym.error.UnregisteredEnv, ImportError) as error:
         if isinstance(error, ImportError) and error.name in EXTRAS:
             require(error.name)
         raise ConfigError(
-            f"env.id={cfg.env.id} is not a registered Gymnasium id ({error}); list the ids with "
+            f"env.id={env_cfg.id} is not a registered Gymnasium id ({error}); list the ids with "
             f"{LIST_IDS}, or give a module that registers it as env.id=MODULE:ID"
         ) from None
     except ValueError as error:
-        raise ConfigError(f"env={cfg.env.name}: {error}") from None
+        raise ConfigError(f"env={env_cfg.name}: {error}") from None
     except TypeError as error:  # a keyword argument the env does not take
         where = "env.kwargs" if env.any_gym_id else "the env.* settings but name and id"
         raise ConfigError(
-            f"env={cfg.env.name}: {error}; {where} are the environment's keyword arguments"
+            f"env={env_cfg.name}: {error}; {where} are the environment's keyword arguments"
         ) from None
+    return single
+
+
+def check_eval(cfg: DictConfig) -> None:
+    """The evaluation settings, and mode=eval's checkpoint."""
     check_positive_int("eval.length_bins", cfg.eval.length_bins)
     for key in ("episodes", "num_envs"):
         check_positive_int(f"eval.{key}", cfg.eval[key])
@@ -176,23 +192,12 @@ def check_config(cfg: DictConfig) -> None:
         require("imageio_ffmpeg")
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
-    check_choice("memory", cfg.memory.kind, (*kind_names(), *BASELINE_KINDS))
-    try:
-        build_core(cfg.memory)  # the memory config checks its own fields
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    try:  # the agent checks the env's observation and action spaces
-        build_agent(cfg, single.observation_space, single.action_space)
-    except ValueError as error:
-        raise ConfigError(f"env.id={cfg.env.id}: {error}") from None
 
 
 def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
     with ExitStack() as resources:  # closed on every way out, exceptions included
         dist, run_dir = start_run(resources, cfg, checkpoint)
-        if dist.is_main:
-            log.info(describe_preset(cfg, CONFIGS))
         seed_everything(rank_seed(cfg.seed, dist.rank))
         steps_per_update = cfg.num_envs * cfg.unroll_len * dist.world_size
         num_updates = math.ceil(cfg.total_steps / steps_per_update)
@@ -352,13 +357,10 @@ def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> 
     agent's evaluation (`evaluate_agent`, with the eval settings), and RUN_DIR/curves.png, its
     learning curves (`python -m analysis.curves`)."""
     result = evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
-    with atomic_open(run_dir / EVAL_FILE, "w") as file:
-        json.dump(result, file)
     records = read_metrics(run_dir / METRICS_FILE)
     metric = task_metric(cfg.env.name, records)
-    runs = [(run_label(cfg), metric, records)]
-    with atomic_open(run_dir / CURVES_FILE, "wb") as file:
-        plot_curves(runs).savefig(file, format="png", dpi=110)
+    runs = [(run_label(cfg), records)]
+    save_report(run_dir, result, plot_curves(runs, rl_panels(runs, [metric])))
     policy = "greedy" if cfg.eval.greedy else "sampled"
     log.info(
         "%s %s: %.3f over %d episodes (%s)",
@@ -373,10 +375,7 @@ def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> 
 def evaluate(cfg: DictConfig) -> None:
     """Runs episodes with a trained agent and prints their outcome as one JSON line; with
     `eval.record=FILE` also writes one episode as a GIF/MP4 (rgb frames) or text (ansi)."""
-    checkpoint = load_checkpoint(cfg.checkpoint)
-    if checkpoint is None:
-        raise ConfigError(f"checkpoint={cfg.checkpoint}: no checkpoint file there")
-    check_checkpoint_kind(checkpoint, "agent", cfg.checkpoint, other="train_lm.py")
+    checkpoint = load_trained(cfg.checkpoint, "agent", other="train_lm.py")
     trained = OmegaConf.create(checkpoint["config"])
     if cfg.eval.keep_marked and trained.memory.kind != "expire_span":
         raise ConfigError(
@@ -399,19 +398,9 @@ def evaluate(cfg: DictConfig) -> None:
 @hydra.main(config_path="configs", config_name="rl", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> None:
-    if cfg.mode == "eval":
-        check_config(cfg)
-        evaluate(cfg)
-        return
-    cfg, checkpoint = resumed_run(cfg, CONFIGS)
-    check_config(cfg)
-    train(cfg, checkpoint)
-    gc.collect()  # frees a DDP wrapper's process group now, not at shutdown (cleanup_distributed)
+    train_or_evaluate(cfg, CONFIGS, check_config, train, evaluate)
 
 
 if __name__ == "__main__":
-    sys.argv[1:] = eval_writes_nothing(sys.argv[1:])
-    # checked before Hydra writes anything:
-    exit_on_config_error(require_launcher)(sys.argv[1:])
-    exit_on_config_error(check_run_dir_argument)(sys.argv[1:], CONFIGS, "rl", check_config)
+    sys.argv[1:] = checked_command_line(sys.argv[1:], CONFIGS, "rl", check_config)
     main()

@@ -18,6 +18,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import cycle
 from pathlib import Path
 from typing import Any
 
@@ -75,47 +76,77 @@ def run_label(cfg: Any, keys: Sequence[str] = ()) -> str:
     return ", ".join(parts)
 
 
-def plot_curves(runs: Sequence[tuple[str, str, list[dict[str, Any]]]]) -> Figure:
-    """Panels of the task metric, memory size and, when logged, every layer's mean and largest
-    span against steps; runs: (label, metric, records)."""
-    with_spans = any("span/l0_mean" in r for _, _, records in runs for r in records)
-    panels = 4 if with_spans else 2
-    figure = Figure(figsize=(4.5 * panels, 4), layout="constrained")
-    axes = figure.subplots(1, panels)
-    labels = sorted({label for label, _, _ in runs})
+Run = tuple[str, list[dict[str, Any]]]  # (its label, the records of its metrics.jsonl)
+Series = tuple[str, str]  # (a metric's key in the records, its label in the legend)
+Panel = tuple[str, Sequence[Series]]  # (the y axis's label, its series)
+STYLES = ("-", "--", ":", "-.")  # a panel's series, in order
+
+
+def rl_panels(runs: Sequence[Run], metrics: Sequence[str]) -> list[Panel]:
+    """An RL run's panels: the task metric(s), the average memory size and, where logged,
+    every layer's mean and largest span of new memories."""
+    layers = max(span_layers(records) for _, records in runs)
+    panels = [(" / ".join(metrics), [(m, m) for m in metrics])]
+    panels.append(("average memory size", [("memory_size", "memory size")]))
+    for stat, what in (("mean", "mean"), ("max", "largest")):
+        series = [(f"span/l{i}_{stat}", f"layer {i}") for i in range(layers)]
+        if series:
+            panels.append((f"{what} span of new memories", series))
+    return panels
+
+
+def span_layers(records: Sequence[dict[str, Any]]) -> int:
+    """How many layers' spans a run logs (0: not an Expire-Span run)."""
+    layers = 0
+    while records and f"span/l{layers}_mean" in records[-1]:
+        layers += 1
+    return layers
+
+
+def lm_panels(metric: str) -> list[Panel]:
+    """A language-model run's panels: its losses, its task metric and its memory size, each
+    split a line (a run logs training and validation at different updates)."""
+    return [
+        ("loss (nats per scored token)", [("train_loss", "train"), ("valid_loss", "valid")]),
+        (metric, [(metric, "valid")]),
+        ("average memory size", [("memory_size", "train"), ("valid_memory_size", "valid")]),
+    ]
+
+
+def plot_curves(
+    runs: Sequence[Run], panels: Sequence[Panel], x_label: str = "environment steps"
+) -> Figure:
+    """One panel per (y label, series), one colour per run label and one line style per series,
+    each series drawn at the records that logged it."""
+    figure = Figure(figsize=(4.5 * len(panels), 4), layout="constrained")
+    labels = sorted({label for label, _ in runs})
     colours = {label: f"C{i}" for i, label in enumerate(labels)}
-    for label, metric, records in runs:
-        colour = colours[label]
-        steps = [r["step"] for r in records if r.get(metric) is not None]
-        axes[0].plot(steps, _series(records, metric), color=colour, lw=1, alpha=0.8)
-        axes[1].plot(
-            [r["step"] for r in records], [r["memory_size"] for r in records], color=colour, lw=1
-        )
-        layer = 0
-        while with_spans and f"span/l{layer}_mean" in records[-1]:
-            style = ("-", "--", ":", "-.")[layer % 4]
-            for ax, stat in ((axes[2], "mean"), (axes[3], "max")):
-                key = f"span/l{layer}_{stat}"
-                logged = [r for r in records if key in r]
-                ax.plot(
-                    [r["step"] for r in logged],
-                    [r[key] for r in logged],
-                    color=colour,
+    for axes, (y_label, series) in zip(figure.subplots(1, len(panels)), panels, strict=True):
+        for label, records in runs:
+            for (key, _), style in zip(series, cycle(STYLES)):
+                steps = [r["step"] for r in records if isinstance(r.get(key), int | float)]
+                marker = "." if len(steps) < 30 else None
+                axes.plot(
+                    steps,
+                    _series(records, key),
+                    color=colours[label],
                     ls=style,
                     lw=1,
+                    marker=marker,
                 )
-            layer += 1
+        if len(series) > 1:
+            for (_, name), style in zip(series, cycle(STYLES)):
+                axes.plot([], [], color="grey", ls=style, label=name)
+        axes.set_ylabel(y_label)
+        axes.set_xlabel(x_label)
+        axes.grid(alpha=0.3)
+    first = figure.axes[0]
     for label in labels:
-        axes[0].plot([], [], color=colours[label], label=label)
-    axes[0].legend(fontsize=8)
-    axes[0].set_ylabel(" / ".join(sorted({metric for _, metric, _ in runs})))
-    axes[1].set_ylabel("average memory size")
-    if with_spans:
-        axes[2].set_ylabel("mean span of new memories (layer 0 -, 1 --)")
-        axes[3].set_ylabel("largest span of new memories (layer 0 -, 1 --)")
-    for ax in axes:
-        ax.set_xlabel("environment steps")
-        ax.grid(alpha=0.3)
+        first.plot([], [], color=colours[label], label=label)
+    first.legend(fontsize=8)
+    for axes in figure.axes[1:]:
+        if axes.get_legend_handles_labels()[0]:
+            axes.legend(fontsize=8)
     return figure
 
 
@@ -144,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run_dir, cfg in configs.items():
         if cfg is not None:
             require_run_kind(parser.prog, run_dir, cfg, RL)
-    runs, rows = [], []
+    runs, metrics, rows = [], [], []
     for run_dir, cfg in configs.items():
         if cfg is None or not (run_dir / METRICS_FILE).is_file():
             missing = CONFIG_FILE if cfg is None else METRICS_FILE
@@ -153,7 +184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         records = read_metrics(run_dir / METRICS_FILE)
         metric = task_metric(cfg.env.name, records)
         label = run_label(cfg, args.label)
-        runs.append((label, metric, records))
+        runs.append((label, records))
+        metrics.append(metric)
         result = holding(records, metric, args.target, args.floor, args.max_memory)
         rows.append((label, cfg.seed, records[-1]["step"], result))
     if not runs:
@@ -162,7 +194,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_open(args.out, "wb") as file:
-            plot_curves(runs).savefig(file, format="png", dpi=110)
+            figure = plot_curves(runs, rl_panels(runs, sorted(set(metrics))))
+            figure.savefig(file, format="png", dpi=110)
 
     def number(value: float | None, digits: int) -> str:
         return "-" if value is None else f"{value:.{digits}f}"

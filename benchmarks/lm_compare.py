@@ -51,7 +51,7 @@ TASKS: dict[str, dict] = {
     },
     "collision": {
         "metric": "valid_error",
-        "task": ["task=collision", "eval_tokens=null", "task.cache_dir={out}/cache"],
+        "task": ["task=collision", "valid_prefix=null", "task.cache_dir={out}/cache"],
         "runs": [("expire_span", 4096), ("transformer_xl", 512)],
     },
     "copy": {

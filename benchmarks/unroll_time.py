@@ -26,9 +26,9 @@ own cost; and `acting_ops_per_step`, the operations Python calls per step.
 
 from __future__ import annotations
 
-import os
+import training  # noqa: F401  (first: it sets OpenMP's spin count, as for train_rl.py)
 
-os.environ.setdefault("GOMP_SPINCOUNT", "1000")  # as train_rl.py sets it, before torch loads
+# isort: split
 
 import argparse
 import json

@@ -16,9 +16,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def load_script(name: str):
-    """`name`.py is a script in the repository root, not a package module: load it by path."""
+    """`name`.py is a script in the repository root, not a package module: load it by path
+    (registered under its name, as dataclasses need of the module that defines one)."""
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, ROOT / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
 

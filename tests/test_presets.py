@@ -1,6 +1,6 @@
 """Named methods: preset=paper is the paper's agent (A.3.1), every preset_env file belongs to a
-preset and an env, a run names its per-env settings, and the README names every way the
-default differs from the paper."""
+preset and an env, a run's start-up line names the files it was composed from and every value
+of theirs it replaced, and the README names every way the default differs from the paper."""
 
 import re
 from pathlib import Path
@@ -17,7 +17,7 @@ from envs.registry import make_env
 from memory import MemoryConfig
 from scripts import load_script
 from training import ConfigError
-from training.presets import PRESET_ENV_GROUP, describe_preset, file_settings, flattened
+from training.composition import describe_composition, flattened
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
@@ -26,6 +26,13 @@ CONFIGS = ROOT / "configs"
 def composed(*overrides):
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         return compose("rl", overrides=list(overrides))
+
+
+def start_up_line(config_name, *overrides):
+    """The run's config and its start-up line, as `start_run` logs it."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose(config_name, overrides=list(overrides))
+        return cfg, describe_composition(cfg, config_name, overrides)
 
 
 def flat(cfg):
@@ -62,36 +69,86 @@ def test_every_preset_env_file_belongs_to_a_preset_and_an_env():
     presets = {path.stem for path in (CONFIGS / "preset").glob("*.yaml")}
     envs = {path.stem for path in (CONFIGS / "env").glob("*.yaml")}
     assert {"default", "paper"} <= presets
-    for path in (CONFIGS / PRESET_ENV_GROUP).glob("*.yaml"):
+    for path in (CONFIGS / "preset_env").glob("*.yaml"):
         preset, _, env = path.stem.partition("_")
         assert preset in presets and env in envs, path.name
 
 
 @pytest.mark.parametrize("preset", ["default", "paper"])
 @pytest.mark.parametrize("env", ["corridor", "portal", "gym", "popgym", "minigrid_memory"])
-def test_a_run_names_each_per_env_setting_of_its_preset_and_uses_it(preset, env):
-    cfg = composed(f"preset={preset}", f"env={env}")
-    line = describe_preset(cfg, CONFIGS)
-    assert line.startswith(f"preset={preset}")
-    path = CONFIGS / PRESET_ENV_GROUP / f"{preset}_{env}.yaml"
-    settings = file_settings(path) if path.exists() else {}
-    assert ("with no settings of its own" in line) == (not settings)
-    for key, value in settings.items():
-        assert OmegaConf.select(cfg, key) == value
-        assert f"{key}={value}" in line
+def test_a_run_names_its_files_and_every_value_of_theirs_it_replaces(preset, env):
+    """Against Hydra composing the run without the preset's per-env file: each value that file
+    changes is named, the run's value beside the value it replaced."""
+    cfg, line = start_up_line("rl", f"preset={preset}", f"env={env}")
+    names = line.split("; ")[0]
+    for group in ("memory/expire_span", "agent/", f"env/{env}", f"preset/{preset}"):
+        assert group in names
+    assert "memory/schema (memory.config.MemoryConfig)" in names
+    has_own = (CONFIGS / "preset_env" / f"{preset}_{env}.yaml").is_file()
+    assert (f"preset_env/{preset}_{env}.yaml" in names) == has_own
+    with_file = flat(cfg)
+    without = flat(composed(f"preset={preset}", f"env={env}", "~preset_env")) if has_own else {}
+    changed = {k for k in with_file if k in without and with_file[k] != without[k]}
+    assert changed or not has_own
+    for key in changed:
+        now, before = (re.escape(str(value)) for value in (with_file[key], without[key]))
+        assert re.search(rf"{re.escape(key)}={now} \([^)]*: {before}[,)]", line), key
 
 
-def test_a_command_line_value_shows_beside_the_presets():
-    cfg = composed("env=corridor", "agent.anchor_coef=0")
-    line = describe_preset(cfg, CONFIGS)
-    assert "agent.anchor_coef=0 (the preset's 1.0, replaced)" in line
-    assert "memory.init_span_fraction=0.5," in line
+def test_every_value_of_a_composed_file_is_one_that_a_named_method_runs():
+    """Each file that a preset's run on a named env is composed from (the group files, the
+    memory schema, rl.yaml) is run as it is by one of them: on that run's start-up line no
+    value of the file is replaced. agent/ppo.yaml is the default on MiniGrid, the schema the
+    paper's Corridor agent."""
+    composed_from, run_as_is = set(), set()
+    for preset in ("default", "paper"):
+        for env in ("corridor", "portal", "gym", "popgym", "minigrid_memory"):
+            _, line = start_up_line("rl", f"preset={preset}", f"env={env}")
+            files, _, replacing = line.partition("; ")
+            names = {name.split(" ")[0] for name in files.split(") ", 1)[1].split(", ")}
+            replaced = set(re.findall(r"[(,] ?([\w/.]+): ", replacing))
+            composed_from |= names
+            run_as_is |= names - replaced
+    assert {"agent/ppo.yaml", "agent/a2c.yaml", "memory/schema", "rl.yaml"} <= composed_from
+    assert composed_from == run_as_is, sorted(composed_from - run_as_is)
+
+
+def test_the_default_corridor_run_names_the_eight_values_its_env_file_replaces():
+    _, line = start_up_line("rl")
+    replaced = line.split("replacing their values: ")[1]
+    assert replaced.count("(") == 8
+    for setting in (
+        "agent.lr_schedule=linear (agent/ppo.yaml: constant)",
+        "agent.advantage_scale=returns (agent/ppo.yaml: std)",
+        "agent.minibatches=4 (agent/ppo.yaml: 8)",
+        "agent.anchor_coef=1.0 (agent/ppo.yaml: 0.0)",
+        "memory.init_span_fraction=0.5 (memory/schema: 0.1)",
+        "memory.attended_span_coef=0.01 (memory/schema: 0.0)",
+    ):
+        assert setting in replaced
+
+
+def test_a_command_line_value_shows_beside_the_files_value():
+    _, line = start_up_line("rl", "env=corridor", "agent.anchor_coef=0")
+    assert "agent.anchor_coef=0 (preset_env/default_corridor.yaml: 1.0)" in line
+    _, line = start_up_line("rl", "+sweep=suite", "+benchmark=repeat_previous_easy")
+    assert "sweep/suite.yaml, benchmark/repeat_previous_easy.yaml;" in line
+    assert "total_steps=1000000 (rl.yaml: 3000000)" in line
+
+
+def test_a_language_model_run_names_what_its_task_file_replaces():
+    _, line = start_up_line("lm", "task=collision")
+    assert line.startswith("composed from (later wins) memory/schema")
+    assert "memory.max_span=4096 (memory/schema: 200, lm.yaml: 1024)" in line
 
 
 def test_portal_default_takes_the_papers_portal_settings_with_ppo():
     default, paper = composed("env=portal"), composed("env=portal", "preset=paper")
     assert default.agent.name == "ppo"
-    for key in file_settings(CONFIGS / PRESET_ENV_GROUP / "paper_portal.yaml"):
+    portal = flattened(
+        OmegaConf.to_container(OmegaConf.load(CONFIGS / "preset_env" / "paper_portal.yaml"))
+    )
+    for key in portal:
         assert OmegaConf.select(default, key) == OmegaConf.select(paper, key)
 
 

@@ -39,7 +39,7 @@ SMALL = [
     "memory.ramp=8",
     "batch_size=4",
     "eval_batch_size=4",
-    "eval_tokens=2048",
+    "valid_prefix=2048",
     "warmup_steps=0",
     "wandb.mode=disabled",
     "log_interval=1",
@@ -181,7 +181,7 @@ def text_run(tmp_path_factory):
         "log_interval=50",
         "eval_interval=150",
         "checkpoint_interval=150",
-        "eval_tokens=4096",
+        "valid_prefix=4096",
         "eval.after_training=true",
     ]
     result = run(args, run_dir)
@@ -263,7 +263,7 @@ def test_copy_needs_a_memory_that_reaches_the_first_run(tmp_path, cache_dir):
         "log_interval=100",
         "eval_interval=800",
         "checkpoint_interval=800",
-        "eval_tokens=4096",
+        "valid_prefix=4096",
     ]
     expire = [*common, "memory=expire_span", "memory.max_span=32", "memory.init_span_fraction=0.9"]
     fixed = [*common, "memory=transformer_xl", "memory.max_span=4"]
@@ -289,9 +289,9 @@ def test_copy_needs_a_memory_that_reaches_the_first_run(tmp_path, cache_dir):
     assert final(tmp_path / "fixed", "memory_size") == pytest.approx(4, abs=0.1)
 
 
-@pytest.mark.parametrize("eval_tokens", ["null", "512"])
+@pytest.mark.parametrize("valid_prefix", ["null", "512"])
 def test_collision_runs_log_the_baselines_of_the_split_they_score(
-    eval_tokens, tmp_path, cache_dir, monkeypatch, capsys
+    valid_prefix, tmp_path, cache_dir, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
     task = ["task.grid_size=4", "task.train_steps=300", "task.valid_steps=400"]
@@ -301,11 +301,11 @@ def test_collision_runs_log_the_baselines_of_the_split_they_score(
         *task,
         f"task.cache_dir={cache_dir}",
         "total_steps=2",
-        f"eval_tokens={eval_tokens}",
+        f"valid_prefix={valid_prefix}",
     )
     train_lm.train(cfg, None)
     last = metrics(tmp_path)[-1]
-    if eval_tokens == "512":  # a prefix: the whole split's references would mislead
+    if valid_prefix == "512":  # a prefix: the whole split's references would mislead
         assert "valid_constant_error" not in last
         return
     rules = CollisionRules(grid_size=4)
@@ -326,7 +326,7 @@ def test_init_from_starts_a_finer_grid_from_the_coarse_grids_weights(
     the rows of the coarse cells that hold them; every other weight is copied; a model of
     another size is refused with a message that says so."""
     task = ["task=collision", "task.train_steps=300", "task.valid_steps=400"]
-    task += [f"task.cache_dir={cache_dir}", "total_steps=2", "eval_tokens=512"]
+    task += [f"task.cache_dir={cache_dir}", "total_steps=2", "valid_prefix=512"]
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
     train_lm.train(compose_config(*SMALL, *task, "task.grid_size=4"), None)
     coarse = torch.load(tmp_path / "checkpoint.pt", map_location="cpu", weights_only=True)
@@ -391,7 +391,7 @@ def test_killed_run_resumes_exactly_where_it_stopped(tmp_path, cache_dir):
         "min_lr_ratio=1",
         "eval_interval=25",
         "checkpoint_interval=20",
-        "eval_tokens=512",
+        "valid_prefix=512",
     ]
     killed = tmp_path / "killed"
     process = subprocess.Popen(

@@ -23,6 +23,15 @@ A loop uses them in this order:
             ...  #     save_checkpoint(run_dir, {**gathered, "step": step, "model": ...})
 """
 
+import os
+
+# OpenMP threads waiting for work spin only briefly before they sleep (GNU libgomp's default is
+# 300,000 spins): with two runs on the cores, a spinning thread burns the time slice that its
+# partner thread needs, and each of two default runs fell to a quarter of its speed alone;
+# with 1,000 spins each keeps about half (docs/performance.md). Read once, when torch loads
+# OpenMP: set here, before this package imports torch, and the entry scripts import it first.
+os.environ.setdefault("GOMP_SPINCOUNT", "1000")
+
 import training.schemas  # noqa: F401  (registers configs/memory/'s schema with Hydra)
 from training.checkpoint import (
     BEST_CHECKPOINT_FILE,
@@ -30,6 +39,7 @@ from training.checkpoint import (
     check_checkpoint_kind,
     checkpoint_file,
     load_checkpoint,
+    load_trained,
     save_checkpoint,
 )
 from training.config import (
@@ -66,7 +76,6 @@ from training.metrics import (
     start_logging,
     truncate_metrics,
 )
-from training.presets import describe_preset
 from training.progress import progress_bar, set_metrics
 from training.resume import (
     check_run_dir_argument,
@@ -74,7 +83,7 @@ from training.resume import (
     resumed_config,
     resumed_run,
 )
-from training.run import RunProgress, gather_rank_states, start_run
+from training.run import RunProgress, gather_rank_states, save_report, start_run
 from training.run_dir import (
     CONFIG_FILE,
     CURVES_FILE,
@@ -111,6 +120,7 @@ __all__ = [
     "atomic_open",
     "broadcast_object",
     "check_checkpoint_kind",
+    "load_trained",
     "check_choice",
     "check_positive",
     "check_positive_int",
@@ -123,7 +133,6 @@ __all__ = [
     "cleanup_distributed",
     "command_line_overrides",
     "eval_writes_nothing",
-    "describe_preset",
     "env_seeds",
     "exit_on_config_error",
     "gather_parameter_digests",
@@ -145,6 +154,7 @@ __all__ = [
     "seed_everything",
     "set_metrics",
     "start_logging",
+    "save_report",
     "start_run",
     "use_host",
     "setup_distributed",

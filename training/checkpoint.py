@@ -159,6 +159,16 @@ def _feed(digest: Any, value: Any) -> None:
         digest.update(f"{type(value).__name__}:{value!r};".encode())
 
 
+def load_trained(path: str | os.PathLike, key: str, other: str) -> dict[str, Any]:
+    """The checkpoint that mode=eval evaluates (a file, or RUN_DIR/checkpoint.pt), which must
+    hold `key` (`check_checkpoint_kind`)."""
+    checkpoint = load_checkpoint(path)
+    if checkpoint is None:
+        raise ConfigError(f"checkpoint={path}: no checkpoint file there")
+    check_checkpoint_kind(checkpoint, key, path, other)
+    return checkpoint
+
+
 def check_checkpoint_kind(checkpoint: Mapping[str, Any], key: str, path: Any, other: str) -> None:
     """A checkpoint must hold `key` ("agent" for train_rl.py, "model" for train_lm.py); one
     from the `other` trainer is a config error that says where it belongs."""

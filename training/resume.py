@@ -16,9 +16,9 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from training.checkpoint import BEST_CHECKPOINT_FILE, SNAPSHOT, load_checkpoint
+from training.composition import NOT_SETTINGS, flattened
 from training.config import ConfigError, check_writable
 from training.metrics import METRICS_FILE, WANDB_ID_FILE
-from training.presets import flattened
 from training.run_dir import (
     CHECKPOINT_FILE,
     CONFIG_FILE,
@@ -32,7 +32,6 @@ from training.run_dir import (
 
 RESUME_AUTO = "auto"  # resume=auto: continue the run directory's checkpoint, or start anew
 RESUME_CHOICES = (False, True, RESUME_AUTO)
-NOT_SETTINGS = ("defaults", "hydra")  # what a config file holds besides settings
 # Config fields a resume may change, each only where its command gives it (`given_keys`); the
 # saved run's config wins for every other field.
 RESUMABLE = (

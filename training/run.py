@@ -1,7 +1,9 @@
-"""The start and the checkpoints of a training run, as both trainers take them."""
+"""The start, the checkpoints and the end of a training run, as both trainers take them."""
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections.abc import Mapping
 from contextlib import ExitStack
@@ -10,8 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from hydra.core.hydra_config import HydraConfig
+from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
+from training.composition import describe_start
 from training.config import ConfigError
 from training.distributed import (
     DistInfo,
@@ -20,9 +25,12 @@ from training.distributed import (
     gather_parameter_digests,
     setup_distributed,
 )
+from training.files import atomic_open
 from training.host import use_host
-from training.run_dir import get_run_dir
+from training.run_dir import CURVES_FILE, EVAL_FILE, get_run_dir
 from training.seeding import rng_state
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,7 +50,8 @@ def start_run(
     """The processes (torchrun's, or this one alone), their threads and heap, and the run
     directory; ``resources`` closes the process group on every way out. A resumed run must
     have as many processes as wrote its checkpoint: each continues one rank's environments,
-    memory and random streams."""
+    memory and random streams. A run that Hydra started says first where its settings come
+    from (`describe_start`)."""
     dist = setup_distributed(cfg.device)
     resources.push(cleanup_distributed)
     use_host(cfg.torch_threads)
@@ -53,6 +62,8 @@ def start_run(
             f"the checkpoint in {run_dir} was written by {writers} process(es), not "
             f"{dist.world_size}; resume it with as many (torchrun --nproc_per_node={writers})"
         )
+    if dist.is_main and HydraConfig.initialized():
+        log.info(describe_start(cfg, checkpoint, run_dir))
     return dist, run_dir
 
 
@@ -66,3 +77,12 @@ def gather_rank_states(dist: DistInfo, model: torch.nn.Module, **carried: Any) -
         gathered[name] = all_gather_object(value, dist)
     gathered["parameter_digests"] = gather_parameter_digests(model, dist)
     return gathered
+
+
+def save_report(run_dir: Path, result: Mapping[str, Any], curves: Figure) -> None:
+    """What a finished run leaves besides its checkpoints: RUN_DIR/eval.json, its evaluation,
+    and RUN_DIR/curves.png, its learning curves, each written atomically."""
+    with atomic_open(run_dir / EVAL_FILE, "w") as file:
+        json.dump(result, file)
+    with atomic_open(run_dir / CURVES_FILE, "wb") as file:
+        curves.savefig(file, format="png", dpi=110)
