@@ -5,7 +5,7 @@
 # MemoryS13Random, seeds 0-2, at the suite's budget (configs/sweep/suite.yaml: 1M steps):
 # 96 runs, LANES at a time with one thread each (about 11 hours of one core).
 #   bash scripts/tuning.sh [LANES] [RUNS]
-#   python -m analysis.plot docs/results/tuning --out docs/results/tuning --markdown
+#   python -m analysis.tuning docs/results/tuning [--write configs/tuned]
 # Runs go to RUNS (runs/rl-sweeps/tuning); a finished run's config, metrics and evaluation are
 # copied to docs/results/tuning/NAME. A run kept there is skipped and a stopped one continues
 # from its checkpoint, so the same command carries on a stopped job.
