@@ -78,6 +78,7 @@ from training import (
     rank_seed,
     read_metrics,
     refuse_added_keys,
+    resolve_device,
     restore_rng_state,
     save_checkpoint,
     save_report,
@@ -95,6 +96,7 @@ PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task opti
 VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token
 INTERVAL_KEYS = ("loss_sum", "scored", "aux_loss", "memory_size", "grad_norm", "steps")
 CONFIGS = Path(__file__).parent / "configs"
+PRECISIONS = ("fp32", "bf16")  # bf16: the training step autocast to bfloat16, on CUDA
 OPEN_KEYS = ("memory.options",)  # a memory kind's own options: `+KEY=VALUE` may add to them
 
 log = logging.getLogger(__name__)
@@ -105,6 +107,13 @@ def check_config(cfg: DictConfig) -> None:
     refuse_added_keys(command_line_overrides(), cfg, CONFIGS, OPEN_KEYS)
     check_choice("mode", cfg.mode, ("train", "eval"))
     check_choice("task", cfg.task.name, TASKS)
+    check_choice("precision", cfg.precision, PRECISIONS)
+    if cfg.precision == "bf16" and resolve_device(cfg.device).type != "cuda":
+        raise ConfigError(
+            "precision=bf16 autocasts the training step on CUDA only: on a CPU without bfloat16 "
+            "instructions a step took 17x as long as in fp32 (docs/performance.md); use "
+            "precision=fp32 or device=cuda"
+        )
     thread_count(cfg.torch_threads)  # auto, or a positive number
     if cfg.task.name == "text" and not cfg.task.get("path"):
         raise ConfigError("task=text reads a file of your own: add task.path=/path/to/file")
@@ -437,11 +446,12 @@ def train_step(
     # The loss is the mean over every rank's scored targets, as in one process: DDP averages
     # the ranks' gradients, so each rank scales its sum by world_size / total.
     total_scored = all_reduce_mean({"scored": scored}, dist)["scored"] * dist.world_size
-    logits, out = ddp_model(x, progress.state)
+    with torch.autocast(dist.device.type, torch.bfloat16, enabled=cfg.precision == "bf16"):
+        logits, out = ddp_model(x, progress.state)
+        loss_sum = F.cross_entropy(
+            logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
+        )
     progress.state = out.state
-    loss_sum = F.cross_entropy(
-        logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
-    )
     loss = loss_sum * (dist.world_size / max(total_scored, 1.0)) + out.aux_loss
     for group in optimizer.param_groups:
         group["lr"] = learning_rate(cfg, progress.step)

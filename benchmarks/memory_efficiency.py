@@ -1,11 +1,16 @@
-"""Training-step cost of every memory kind on a character-LM-shaped workload, on CPU.
+"""Training-step cost of every memory kind on a character-LM-shaped workload.
 
 The paper's efficiency claim (Table 4): at the same maximum span, Expire-Span trains faster
 and needs less memory than the baselines, because it deletes expired memories and its cost
 follows the memories still alive, |C_t|, not L. Here: one training step (forward, backward,
-Adam) of a 4-layer, 256-unit core with 4 heads on blocks of 256 random bytes, batch 4,
-through a byte embedding and a softmax head, at max span 1024, 4096 and 16384 (``--quick``:
-1024 and 4096).
+Adam) of a language model on blocks of random bytes, through a byte embedding and a softmax
+head, at max span 1024, 4096 and 16384 (``--quick``: 1024 and 4096). ``--workload`` names its
+sizes (WORKLOADS): ``cpu``, the default, a 4-layer, 256-unit core with 4 heads on blocks of
+256, batch 4; ``instruction``, the paper's instruction model (A.3.2: 6 layers of 512, 8 heads,
+R = 64; table 5); ``enwik8``, the paper's enwik8-sized core (12 layers of 512, 8 heads, blocks
+of 512, batch 8), which `benchmarks/lm_gpu.py` runs on a GPU. ``--device cuda`` measures on
+the GPU (peak memory: torch's allocator), ``--precision bf16`` autocasts the step to bfloat16
+as `train_lm.py precision=bf16` does.
 
 State measured: the memory is warmed up to its steady state first (no-grad blocks until
 the oldest memory the kind can keep has been written), then one untimed training step
@@ -33,8 +38,11 @@ Timing runs on one thread by default (``--threads``): on a machine shared with o
 OpenMP's barriers make multi-threaded small kernels erratic, and one core is the unit the
 project's CPU figures use.
 
-Output: one JSON object per line:
-{"kind", "max_span", "ms_per_step", "peak_mb", "avg_memory_size"}.
+On CUDA the peak is the allocator's (`torch.cuda.max_memory_allocated`) over the same steps,
+less what was allocated before the model was built.
+
+Output: one JSON object per line: {"kind", "max_span", "ms_per_step", "tokens_per_s",
+"peak_mb", "avg_memory_size", "workload", "device", "precision"}.
 
     python benchmarks/memory_efficiency.py --quick
 """
@@ -51,6 +59,8 @@ import resource
 import subprocess
 import sys
 import time
+from contextlib import nullcontext
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -59,9 +69,28 @@ from torch import nn
 from memory import MemoryConfig, MemoryState, MemoryTransformer, kind_names
 from training.host import return_freed_memory
 
-LAYERS, DIM, HEADS, FFN, BLOCK, BATCH, VOCAB = 4, 256, 4, 1024, 256, 4, 256
-RAMP = 128  # R of the paper's character-level models (A.3.4)
+VOCAB = 256
 COMPRESS_RATE = 4
+
+
+@dataclass(frozen=True)
+class Workload:
+    """The sizes of the model and the batch of one training step."""
+
+    layers: int
+    dim: int
+    heads: int
+    ffn: int
+    block: int
+    batch: int
+    ramp: int  # R: 128 in the paper's character-level models (A.3.4), 64 on instruction
+
+
+WORKLOADS = {
+    "cpu": Workload(layers=4, dim=256, heads=4, ffn=1024, block=256, batch=4, ramp=128),
+    "instruction": Workload(layers=6, dim=512, heads=8, ffn=2048, block=256, batch=4, ramp=64),
+    "enwik8": Workload(layers=12, dim=512, heads=8, ffn=2048, block=512, batch=8, ramp=128),
+}
 
 
 def parse_args() -> argparse.Namespace:
@@ -71,6 +100,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--kinds", nargs="+", default=list(kind_names()), choices=kind_names())
     parser.add_argument("--steps", type=int, default=3, help="timed training steps")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's choice)")
+    parser.add_argument("--workload", default="cpu", choices=WORKLOADS, help="model and batch")
+    parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
+    parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--child", nargs=2, metavar=("KIND", "SPAN"), help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -99,16 +131,16 @@ def lifetime_peak_mb() -> float:
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024  # bytes vs kB
 
 
-def build(kind: str, max_span: int) -> tuple[nn.Module, MemoryTransformer]:
+def build(kind: str, max_span: int, work: Workload) -> tuple[nn.Module, MemoryTransformer]:
     cfg = MemoryConfig(
         kind=kind,
-        num_layers=LAYERS,
-        dim=DIM,
-        num_heads=HEADS,
-        ffn_dim=FFN,
+        num_layers=work.layers,
+        dim=work.dim,
+        num_heads=work.heads,
+        ffn_dim=work.ffn,
         max_span=max_span,
-        block_len=BLOCK,
-        ramp=RAMP,
+        block_len=work.block,
+        ramp=work.ramp,
         aux_loss_coef=1e-6,
         init_span_fraction=0.1,
         compress_rate=COMPRESS_RATE,
@@ -118,85 +150,124 @@ def build(kind: str, max_span: int) -> tuple[nn.Module, MemoryTransformer]:
     if kind == "expire_span":  # spans as after training: short on average, all different
         with torch.no_grad():
             for layer in core.layers:
-                layer.kind.predictor.linear.weight.normal_(0, 0.5 / math.sqrt(DIM))
+                layer.kind.predictor.linear.weight.normal_(0, 0.5 / math.sqrt(work.dim))
     model = nn.ModuleDict(
-        dict(embed=nn.Embedding(VOCAB, DIM), core=core, head=nn.Linear(DIM, VOCAB))
+        dict(embed=nn.Embedding(VOCAB, work.dim), core=core, head=nn.Linear(work.dim, VOCAB))
     )
     return model, core
 
 
-def train_step(model: nn.ModuleDict, optimizer: torch.optim.Optimizer, state: MemoryState):
+def train_step(
+    model: nn.ModuleDict, optimizer: torch.optim.Optimizer, state: MemoryState, bf16: bool
+):
     """Forward, backward and Adam step on a block of random bytes; returns the core output."""
-    data = torch.randint(VOCAB, (state.batch_size, BLOCK + 1))
-    out = model["core"](model["embed"](data[:, :-1]), state)
-    logits = model["head"](out.hidden)
-    loss = F.cross_entropy(logits.reshape(-1, VOCAB), data[:, 1:].reshape(-1)) + out.aux_loss
+    block = model["core"].cfg.block_len
+    data = torch.randint(VOCAB, (state.batch_size, block + 1), device=state.device)
+    with torch.autocast(state.device.type, torch.bfloat16) if bf16 else nullcontext():
+        out = model["core"](model["embed"](data[:, :-1]), state)
+        logits = model["head"](out.hidden)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), data[:, 1:].reshape(-1))
+    loss = loss + out.aux_loss
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     optimizer.step()
     return out
 
 
-def settled_rss(kind: str) -> float | None:
-    """RSS once the math libraries' code is loaded (one small step of the same model)."""
-    model, core = build(kind, BLOCK)
-    train_step(model, torch.optim.Adam(model.parameters()), core.initial_state(1))
+def settled_rss(kind: str, work: Workload, device: torch.device) -> float | None:
+    """RSS once the math libraries' code is loaded (one small step of the same model); on
+    CUDA, the bytes the allocator holds then (none)."""
+    model, core = build(kind, work.block, work)
+    model.to(device)
+    train_step(model, torch.optim.Adam(model.parameters()), core.initial_state(1, device), False)
     del model, core
     gc.collect()
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device) / 2**20
     return megabytes("VmRSS")
 
 
-def measure(kind: str, max_span: int, steps: int) -> dict:
+def measure(kind: str, max_span: int, steps: int, args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
-    baseline = settled_rss(kind)
-    model, core = build(kind, max_span)
+    work, device, bf16 = (
+        WORKLOADS[args.workload],
+        torch.device(args.device),
+        args.precision == "bf16",
+    )
+    cuda = device.type == "cuda"
+    baseline = settled_rss(kind, work, device)
+    model, core = build(kind, max_span, work)
+    model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=7e-4)
-    state = core.initial_state(BATCH)
+    state = core.initial_state(work.batch, device)
 
     # warm up to the steady state: until the oldest memory the kind can keep has been written
     compressed_reach = (max_span // COMPRESS_RATE) * COMPRESS_RATE
-    reach = max_span + {"compressive": compressed_reach, "transformer_xl": 0}.get(kind, RAMP)
+    reach = max_span + {"compressive": compressed_reach, "transformer_xl": 0}.get(kind, work.ramp)
     with torch.no_grad():
-        for _ in range(math.ceil(reach / BLOCK) + 1):
-            state = core(model["embed"](torch.randint(VOCAB, (BATCH, BLOCK))), state).state
-    state = train_step(model, optimizer, state).state  # allocates Adam's state
+        for _ in range(math.ceil(reach / work.block) + 1):
+            data = torch.randint(VOCAB, (work.batch, work.block), device=device)
+            state = core(model["embed"](data), state).state
+    state = train_step(model, optimizer, state, bf16).state  # allocates Adam's state
 
     times, sizes = [], []
     for _ in range(steps):
+        synchronize(device)
         start = time.perf_counter()
-        out = train_step(model, optimizer, state)
+        out = train_step(model, optimizer, state, bf16)
+        synchronize(device)
         times.append(time.perf_counter() - start)
         sizes.append(out.memory_size)
         state = out.state
 
-    exact = return_freed_memory() and reset_peak()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    exact = cuda or (return_freed_memory() and reset_peak())
     for _ in range(steps):
-        out = train_step(model, optimizer, state)
+        out = train_step(model, optimizer, state, bf16)
         sizes.append(out.memory_size)
         state = out.state
-    peak = megabytes("VmHWM") if exact else lifetime_peak_mb()
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device) / 2**20
+    else:
+        peak = megabytes("VmHWM") if exact else lifetime_peak_mb()
+    seconds = sorted(times)[len(times) // 2]
     return {
         "kind": kind,
         "max_span": max_span,
-        "ms_per_step": round(1000 * sorted(times)[len(times) // 2], 1),
+        "ms_per_step": round(1000 * seconds, 1),
+        "tokens_per_s": round(work.batch * work.block / seconds),
         "peak_mb": round(peak - (baseline or 0.0), 1),
         "avg_memory_size": round(sum(sizes) / len(sizes), 1),
+        "workload": args.workload,
+        "device": str(device),
+        "precision": args.precision,
     }
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for the GPU's queued work, so that a timer reads the step's own time."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def main() -> None:
     args = parse_args()
+    if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
+        sys.exit(f"--device {args.device}: torch sees no CUDA device here; use --device cpu")
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.child:
         kind, span = args.child
-        print(json.dumps(measure(kind, int(span), args.steps)), flush=True)
+        print(json.dumps(measure(kind, int(span), args.steps, args)), flush=True)
         return
     spans = args.spans or ([1024, 4096] if args.quick else [1024, 4096, 16384])
     for span in spans:
         for kind in args.kinds:
             command = [sys.executable, os.path.abspath(__file__), "--child", kind, str(span)]
             command += ["--steps", str(args.steps), "--threads", str(args.threads)]
+            command += ["--workload", args.workload, "--device", args.device]
+            command += ["--precision", args.precision]
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
                 sys.exit(f"{kind} at max span {span} failed:\n{result.stderr}")

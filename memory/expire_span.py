@@ -39,7 +39,11 @@ class SpanPredictor(nn.Module):
         nn.init.constant_(self.linear.bias, math.log(p / (1 - p)) * self.divisor)
 
     def logit(self, hidden: Tensor) -> Tensor:
-        """The sigmoid's argument for memories ``hidden`` (B, N, dim): (B, N)."""
+        """The sigmoid's argument for memories ``hidden`` (B, N, dim): (B, N), in float32 under
+        autocast too: in bfloat16 a span of L = 16k would be off by up to 64 positions."""
+        if torch.is_autocast_enabled(hidden.device.type):
+            with torch.autocast(hidden.device.type, enabled=False):
+                return self.logit(hidden.float())
         logit = self.linear(hidden).squeeze(-1)
         return logit / self.divisor if self.divisor != 1 else logit
 

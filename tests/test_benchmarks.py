@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from tiny_rl import TINY_RL
 from torch._inductor import cpu_vec_isa
 
@@ -169,3 +170,27 @@ def test_the_trainers_shorten_openmp_spinning_before_torch_loads(module):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.splitlines()[0] == f"at torch: {given or 1000}"
+
+
+@pytest.mark.slow
+def test_memory_efficiency_measures_a_training_step_of_each_kind():
+    """One JSON line per kind: Transformer-XL keeps its whole span, Expire-Span's short spans
+    keep fewer memories, and tokens/s is the step's tokens over its time."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "memory_efficiency.py"), "--steps", "1"]
+    command += ["--spans", "256", "--kinds", "expire_span", "transformer_xl"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    rows = {row["kind"]: row for row in map(json.loads, result.stdout.splitlines())}
+    assert rows["transformer_xl"]["avg_memory_size"] == 256
+    assert 0 < rows["expire_span"]["avg_memory_size"] < 256
+    for row in rows.values():
+        assert row["tokens_per_s"] == pytest.approx(4 * 256 / row["ms_per_step"] * 1000, rel=0.01)
+        assert row["peak_mb"] > 0 and (row["workload"], row["precision"]) == ("cpu", "fp32")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
+def test_the_gpu_benchmark_refuses_a_machine_without_cuda_in_one_line():
+    command = [sys.executable, str(ROOT / "benchmarks" / "lm_gpu.py"), "--spans", "1024"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert result.returncode == 1
+    assert result.stderr == "--device cuda: torch sees no CUDA device here; use --device cpu\n"

@@ -103,6 +103,8 @@ def compose_config(*overrides):
         (["mode=eval"], "checkpoint=PATH"),
         (["task=text"], "task.path"),
         (["init_from=no/such/run"], "init_from=no/such/run: no checkpoint"),
+        (["precision=fp16"], "bf16"),
+        (["precision=bf16", "device=cpu"], "on CUDA only: on a CPU without bfloat16"),
     ],
 )
 def test_bad_config_values_are_named(overrides, expected):
@@ -140,6 +142,34 @@ def test_missing_enwik8_says_where_to_put_it(tmp_path):
     assert "Traceback" not in result.stderr
     assert "enwik8.zip" in result.stderr and str(tmp_path / "corpus") in result.stderr
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+def test_a_bf16_step_autocasts_the_model_but_keeps_spans_and_the_loss_in_float32():
+    """precision=bf16's code path, run here under the CPU's autocast (the config refuses bf16
+    on a CPU only for its speed): the step's loss follows fp32's to bfloat16's precision, the
+    spans stay float32 (in bfloat16 a span of L = 4096 is off by up to 16 positions), and the
+    carried memory goes on to the next block."""
+    torch.manual_seed(0)
+    cfg = compose_config(*SMALL, "memory.max_span=4096")
+    model = train_lm.build_model(cfg, 64)
+    rows = train_lm.Split(*(np.random.default_rng(0).integers(0, 64, (4, 64)),) * 2, None)
+    losses = {}
+    for precision in ("fp32", "bf16"):
+        cfg.precision = precision
+        torch.manual_seed(1)
+        copy = train_lm.build_model(cfg, 64)
+        copy.load_state_dict(model.state_dict())
+        optimizer = torch.optim.Adam(copy.parameters(), lr=0.0)
+        progress = train_lm.LMProgress()
+        for _ in range(2):
+            out = train_lm.train_step(cfg, copy, copy, optimizer, rows, progress, DistInfo())
+            progress.step += 1
+        losses[precision] = progress.interval["loss_sum"] / progress.interval["scored"]
+        assert len(out.spans) == cfg.memory.num_layers
+        assert all(span.dtype == torch.float32 for span in out.spans)
+        assert progress.state.time == 2 * cfg.memory.block_len
+    assert losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2)
+    assert losses["bf16"] != losses["fp32"]  # (autocast did act)
 
 
 def test_learning_rate_warms_up_linearly_then_decays_by_cosine():
@@ -319,6 +349,24 @@ def test_collision_runs_log_the_baselines_of_the_split_they_score(
     assert probe["references"] == pytest.approx(expected)
 
 
+@pytest.mark.slow  # (a step of the paper's model takes seconds)
+def test_the_papers_instruction_model_trains_a_step(tmp_path, cache_dir, monkeypatch):
+    """`+model=paper_instruction` is the paper's model (A.3.2), and it runs."""
+    monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
+    task = ["task=instruction", "task.train_tokens=4000", "task.valid_tokens=1000"]
+    task += ["task.test_tokens=1000", f"task.cache_dir={cache_dir}"]
+    run = ["total_steps=1", "batch_size=2", "eval_batch_size=2", "valid_prefix=256"]
+    run += ["eval.after_training=false"]
+    cfg = compose_config(*task, "+model=paper_instruction", *run, "wandb.mode=disabled")
+    memory = cfg.memory
+    assert (memory.num_layers, memory.dim, memory.num_heads, memory.ffn_dim) == (6, 512, 8, 2048)
+    assert (memory.ramp, memory.aux_loss_coef, cfg.lr, cfg.warmup_steps) == (64, 2e-6, 7e-4, 8000)
+    train_lm.check_config(cfg)
+    train_lm.train(cfg, None)
+    record = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
+    assert math.isfinite(record["train_loss"]) and math.isfinite(record["valid_loss"])
+
+
 def test_init_from_starts_a_finer_grid_from_the_coarse_grids_weights(
     tmp_path, cache_dir, monkeypatch
 ):
@@ -455,6 +503,15 @@ def test_a_refused_group_override_names_the_leaf_keys_it_changes():
     message = str(refused.value)
     assert "but memory.kind=transformer_xl (the run has expire_span); memory.dim=32 " in message
     assert message.count("memory.dim") == 1 and "{" not in message and "num_heads" not in message
+
+
+def test_a_setting_added_since_a_run_began_takes_the_resuming_commands_value():
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        run_cfg = OmegaConf.to_container(compose("lm"), resolve=True)
+        now = compose("lm", overrides=["resume=true"])
+    del run_cfg["precision"]  # a run from before the setting existed
+    resumed = resumed_config(now, {"config": run_cfg}, ["resume=true"])
+    assert resumed.precision == "fp32" and resumed.task == now.task
 
 
 @pytest.mark.slow

@@ -162,7 +162,8 @@ def resumed_config(
     (Hydra's `key=value` strings) that would change any other field is a config error naming
     each leaf key it changes (a group override such as `memory=transformer_xl` changes the
     group's keys; a whole group would not say which), since the run cannot switch settings
-    midway. `config_dir`: the trainer's configs, where the files an override adds are."""
+    midway. A setting added to the trainer after the run began takes this command's value.
+    `config_dir`: the trainer's configs, where the files an override adds are."""
     saved = OmegaConf.create(checkpoint["config"])
 
     unset = object()  # a key one of the two configs lacks (another task's options)
@@ -203,6 +204,8 @@ def resumed_config(
         )
     for key in ("resume", "overwrite"):  # this command's own
         saved[key] = cfg.get(key)
+    for key in cfg.keys() - saved.keys():  # settings added to the trainer since the run began
+        saved[key] = cfg[key]
     for key in given_keys(overrides, config_dir):
         value = OmegaConf.select(cfg, key, default=unset)
         if key.split(".")[0] in RESUMABLE and value is not unset:
