@@ -63,6 +63,7 @@ from training import (
 )
 from training.extras import EXTRAS, LAUNCHERS, require, require_launcher
 from training.files import DiskFullError
+from training.host import GPU_FILLING_ENVS, describe_device
 from training.resume import given_keys
 from training.run_dir import claim_run_dir, refuse_claimed
 
@@ -813,3 +814,14 @@ def test_an_optional_part_used_without_its_extra_names_the_extra(monkeypatch):
         require_launcher(["seed=1", "hydra/launcher=nowhere"])
     require_launcher(["hydra/launcher=basic"])  # Hydra's own: nothing to install
     require("popgym")  # installed by scripts/setup.sh
+
+
+def test_a_gpu_run_says_when_its_environments_leave_the_gpu_idle(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "NVIDIA H200")
+    gpu = torch.device("cuda", 0)
+    line = describe_device(gpu, 32)
+    assert line.startswith("device: cuda:0 (NVIDIA H200); 32 environments leave it mostly idle")
+    assert "\n" not in line
+    assert describe_device(gpu, GPU_FILLING_ENVS) == "device: cuda:0 (NVIDIA H200)"
+    assert describe_device(gpu) == "device: cuda:0 (NVIDIA H200)"  # (a language model)
+    assert describe_device(torch.device("cpu"), 32).startswith("device: the CPU, ")

@@ -26,7 +26,7 @@ from training.distributed import (
     setup_distributed,
 )
 from training.files import atomic_open
-from training.host import use_host
+from training.host import describe_device, use_host
 from training.run_dir import CURVES_FILE, EVAL_FILE, get_run_dir
 from training.seeding import rng_state
 
@@ -51,7 +51,7 @@ def start_run(
     directory; ``resources`` closes the process group on every way out. A resumed run must
     have as many processes as wrote its checkpoint: each continues one rank's environments,
     memory and random streams. A run that Hydra started says first where its settings come
-    from (`describe_start`)."""
+    from (`describe_start`), then every run what it trains on (`describe_device`)."""
     dist = setup_distributed(cfg.device)
     resources.push(cleanup_distributed)
     use_host(cfg.torch_threads)
@@ -64,6 +64,9 @@ def start_run(
         )
     if dist.is_main and HydraConfig.initialized():
         log.info(describe_start(cfg, checkpoint, run_dir))
+    if dist.is_main:  # (an RL run's environments: whether they fill a GPU)
+        environments = cfg.num_envs * dist.world_size if "num_envs" in cfg else None
+        log.info(describe_device(dist.device, environments))
     return dist, run_dir
 
 
