@@ -20,6 +20,9 @@ Each setting runs a trainer with its defaults (every core) in a fresh process:
   of ``corridor_start``'s (measured alone in the same invocation, when chosen too);
 - ``lm_copy``: train_lm.py on the copy task (the lm.yaml model: 4 layers, 128 units, blocks
   of 128 tokens, 16 streams), 120 updates.
+On a GPU (``--settings gpu_...``, not run by default): Corridor 3..20 with the PPO default
+(``gpu_ppo_1024``, ``gpu_ppo_4096``) and the paper's A2C (``gpu_a2c_1024``, ``gpu_a2c_4096``)
+at 1024 and 4096 environments, `device=cuda`, 12 updates each (a few minutes in all).
 With ``--reference REV`` the same settings also run from that commit's code (exported with
 `git archive`), one after the other in this run, so both see the same machine and load.
 
@@ -83,6 +86,17 @@ SETTINGS = {
         total_steps=120,
     ),
 }
+GPU_UPDATES = 12  # (the first logging interval, 5 updates, is start-up)
+for learner, preset in (("ppo", "preset=default"), ("a2c", "preset=paper")):
+    for envs in (1024, 4096):
+        SETTINGS[f"gpu_{learner}_{envs}"] = Setting(
+            "train_rl.py",
+            [preset, "device=cuda", f"num_envs={envs}", "env.max_length=20", *RL_COMMON],
+            "steps",
+            "sps",
+            total_steps=GPU_UPDATES * envs * 100,  # (unroll_len 100)
+        )
+CPU_SETTINGS = [name for name in SETTINGS if not name.startswith("gpu_")]
 ALONE = {"two_runs": "corridor_start"}  # the setting a shared run is compared with
 
 
@@ -156,7 +170,7 @@ def code_versions(reference: str | None, into: Path) -> dict[str, Path]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=96000, help="steps per RL run")
-    parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
+    parser.add_argument("--settings", nargs="+", default=CPU_SETTINGS, choices=SETTINGS)
     parser.add_argument("--reference", help="a commit to measure the same way, e.g. HEAD~3")
     args = parser.parse_args()
     rates: dict[str, dict[str, int]] = {}  # setting -> code -> rate

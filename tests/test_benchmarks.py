@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from tiny_rl import TINY_RL
 from torch._inductor import cpu_vec_isa
 
@@ -87,6 +88,23 @@ def test_throughput_averages_the_runs_started_together_after_their_first_interva
     result = throughput.measure(ROOT, throughput.SETTINGS["two_runs"], steps=800)
     assert started == [("train_rl.py", 2, "total_steps=800")]
     assert result == {"per_s": 200, "unit": "steps", "memory_size": 5.0}
+
+
+def test_the_gpu_throughput_settings_are_runs_train_rl_accepts_on_cuda(monkeypatch):
+    """Each gpu_ setting's command passes train_rl.py's checks as a CUDA machine would run it,
+    runs more than its first logging interval, and none runs by default on a CPU."""
+    throughput = load_script("benchmarks/throughput")
+    train_rl = load_script("train_rl")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    gpu = {name: s for name, s in throughput.SETTINGS.items() if name.startswith("gpu_")}
+    assert len(gpu) == 4 and not set(gpu) & set(throughput.CPU_SETTINGS)
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        for setting in gpu.values():
+            cfg = compose("rl", overrides=setting.overrides)
+            train_rl.check_config(cfg)
+            updates = setting.total_steps / (cfg.num_envs * cfg.unroll_len)
+            assert cfg.device == "cuda" and updates > 2 * cfg.log_interval
 
 
 def benchmark_json(script: str, *args: str) -> dict:
