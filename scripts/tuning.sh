@@ -6,13 +6,10 @@
 # 96 runs, LANES at a time with one thread each (about 11 hours of one core).
 #   bash scripts/tuning.sh [LANES] [RUNS]
 #   python -m analysis.tuning docs/results/tuning [--write configs/tuned]
-# Runs go to RUNS (runs/rl-sweeps/tuning); a finished run's config, metrics and evaluation are
-# copied to docs/results/tuning/NAME. A run kept there is skipped and a stopped one continues
-# from its checkpoint, so the same command carries on a stopped job.
+# Runs go to RUNS (runs/rl-sweeps/tuning), each finished one's files to docs/results/tuning/NAME
+# (scripts/lanes.sh: the same command carries on a stopped queue).
 set -euo pipefail
-lanes=${1:-2}
-runs=${2:-runs/rl-sweeps/tuning}
-kept=docs/results/tuning
+source "$(dirname "$0")/lanes.sh"
 
 names=()
 for seed in 0 1 2; do
@@ -27,23 +24,11 @@ for seed in 0 1 2; do
     done
 done
 
-lane() {  # every lane walks the same list; a run another lane holds is refused and passed
-    for name in "${names[@]}"; do
-        [ -f "$kept/$name/eval.json" ] && continue
-        IFS=- read -r task memory epochs schedule seed <<<"$name"
-        if python train_rl.py +sweep=suite "+benchmark=$task" "memory=$memory" \
-            "agent.epochs=${epochs#e}" "agent.lr_schedule=$schedule" "seed=$seed" \
-            torch_threads=1 wandb.mode=disabled "hydra.run.dir=$runs/$name" \
-            >>"$runs/lane$1.log" 2>&1 && [ -f "$runs/$name/eval.json" ]; then
-            mkdir -p "$kept/$name"
-            cp "$runs/$name"/{config.yaml,metrics.jsonl,eval.json} "$kept/$name/"
-        fi
-    done
+run_args() {  # NAME -> its overrides
+    local task memory epochs schedule seed
+    IFS=- read -r task memory epochs schedule seed <<<"$1"
+    echo "+sweep=suite +benchmark=$task memory=$memory agent.epochs=${epochs#e}" \
+        "agent.lr_schedule=$schedule seed=$seed"
 }
 
-mkdir -p "$runs"
-for i in $(seq "$lanes"); do
-    lane "$i" &
-    sleep 5  # (so that two lanes do not claim the same first run at once)
-done
-wait
+run_lanes "${1:-2}" "${2:-runs/rl-sweeps/tuning}" docs/results/tuning

@@ -1,0 +1,31 @@
+# Runs of train_rl.py shared out among LANES processes of one thread each; sourced by the
+# scripts that queue them (tuning.sh, suite.sh, corridor_headline.sh), which set `names` (the
+# runs, in order) and `run_args NAME` (its overrides) and call `run_lanes LANES RUNS KEPT`.
+# Every lane walks the same list: a run kept in KEPT/NAME (its config, metrics and evaluation,
+# copied there when it finishes) is skipped, a run another lane holds is refused and passed,
+# and a stopped run continues from its checkpoint (resume=auto), so the same command carries
+# on a stopped queue. RUNS/laneN.log holds each lane's output.
+
+lane() {
+    local number=$1 runs=$2 kept=$3 name
+    for name in "${names[@]}"; do
+        [ -f "$kept/$name/eval.json" ] && continue
+        read -ra args <<<"$(run_args "$name")"
+        if python train_rl.py "${args[@]}" torch_threads=1 wandb.mode=disabled resume=auto \
+            "hydra.run.dir=$runs/$name" >>"$runs/lane$number.log" 2>&1 \
+            && [ -f "$runs/$name/eval.json" ]; then
+            mkdir -p "$kept/$name"
+            cp "$runs/$name"/{config.yaml,metrics.jsonl,eval.json} "$kept/$name/"
+        fi
+    done
+}
+
+run_lanes() {
+    local lanes=$1 runs=$2 kept=$3 i
+    mkdir -p "$runs"
+    for i in $(seq "$lanes"); do
+        lane "$i" "$runs" "$kept" &
+        sleep 5  # (so that two lanes do not claim the same first run at once)
+    done
+    wait
+}
