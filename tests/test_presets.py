@@ -89,7 +89,6 @@ def test_a_run_names_its_files_and_every_value_of_theirs_it_replaces(preset, env
     with_file = flat(cfg)
     without = flat(composed(f"preset={preset}", f"env={env}", "~preset_env")) if has_own else {}
     changed = {k for k in with_file if k in without and with_file[k] != without[k]}
-    assert changed or not has_own
     for key in changed:
         now, before = (re.escape(str(value)) for value in (with_file[key], without[key]))
         assert re.search(rf"{re.escape(key)}={now} \([^)]*: {before}[,)]", line), key
