@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
@@ -28,25 +28,37 @@ def composed_files(config_name: str, overrides: Sequence[str]) -> list[tuple[str
     return [(d.config_path, d.package) for d in defaults if not d.config_path.startswith("hydra/")]
 
 
-def file_settings(config_path: str, package: str) -> tuple[str, dict[str, Any]]:
-    """One config's name for a reader (`agent/ppo.yaml`, or a schema's dataclass) and the dotted
-    keys it sets itself, with their values as written (its defaults list not followed)."""
-    source = next(
-        s for s in GlobalHydra.instance().config_loader().get_sources() if s.is_config(config_path)
-    )
+class ConfigFile(NamedTuple):
+    """One config of a run's composition: its name for a reader (`agent/ppo.yaml`, or a schema
+    such as `memory/schema`), the dataclass a schema stands for, and the dotted keys it sets
+    itself with their values as written (its own defaults list not followed)."""
+
+    name: str
+    schema: str | None
+    settings: dict[str, Any]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.schema})" if self.schema else self.name
+
+
+def config_file(config_path: str, package: str) -> ConfigFile:
+    """The config at `config_path` (as Hydra's defaults list names it), its keys under
+    `package`."""
+    sources = GlobalHydra.instance().config_loader().get_sources()
+    source = next(s for s in sources if s.is_config(config_path))
     node = source.load_config(config_path).config
     schema = OmegaConf.get_type(node)
-    if source.scheme() == "structured" and schema is not None and schema is not dict:
-        name = f"{config_path} ({schema.__module__}.{schema.__qualname__})"
+    if source.scheme() == "structured" and schema not in (None, dict):
+        name, schema_name = config_path, f"{schema.__module__}.{schema.__qualname__}"
     else:
-        name = f"{config_path}.yaml"
-    settings = flattened(OmegaConf.to_container(node, resolve=False))
+        name, schema_name = f"{config_path}.yaml", None
     prefix = f"{package}." if package else ""
-    return name, {
+    settings = {
         f"{prefix}{key}": value
-        for key, value in settings.items()
+        for key, value in flattened(OmegaConf.to_container(node, resolve=False)).items()
         if f"{prefix}{key}".split(".")[0] not in NOT_SETTINGS
     }
+    return ConfigFile(name, schema_name, settings)
 
 
 def flattened(tree: dict, prefix: str = "") -> dict[str, Any]:
@@ -64,17 +76,16 @@ def describe_composition(cfg: DictConfig, config_name: str, overrides: Sequence[
     """One line: the files the run was composed from, in order, and each value the run uses in
     place of one a file states (with that file's value beside it)."""
     used = flattened(OmegaConf.to_container(cfg, resolve=False))
-    names, replaced = [], {}
-    for path, package in composed_files(config_name, overrides):
-        name, settings = file_settings(path, package)
-        names.append(name)
-        for key, value in settings.items():
+    files = [config_file(path, package) for path, package in composed_files(config_name, overrides)]
+    replaced: dict[str, list[str]] = {}
+    for file in files:
+        for key, value in file.settings.items():
             if key in used and used[key] != value:
-                replaced.setdefault(key, []).append(f"{name.split(' ')[0]}: {value}")
-    line = f"composed from (later wins) {', '.join(names)}"
+                replaced.setdefault(key, []).append(f"{file.name}: {value}")
+    line = f"composed from (later wins) {', '.join(map(str, files))}"
     if not replaced:
         return f"{line}; no value of theirs replaced"
-    shown = [f"{key}={used[key]} ({', '.join(files)})" for key, files in replaced.items()]
+    shown = [f"{key}={used[key]} ({', '.join(where)})" for key, where in replaced.items()]
     return f"{line}; replacing their values: {', '.join(shown)}"
 
 
