@@ -10,6 +10,6 @@ set -euo pipefail
 source "$(dirname "$0")/lanes.sh"
 
 names=(seed200 seed201 seed202 seed203 seed204)
-run_args() { echo "seed=${1#seed}"; }
+run_args() { echo "train_rl.py seed=${1#seed}"; }
 
 run_lanes "${1:-1}" "${2:-runs/corridor}" docs/results/learner/default

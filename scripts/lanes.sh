@@ -1,6 +1,7 @@
-# Runs of train_rl.py shared out among LANES processes of one thread each; sourced by the
-# scripts that queue them (tuning.sh, suite.sh, corridor_headline.sh), which set `names` (the
-# runs, in order) and `run_args NAME` (its overrides) and call `run_lanes LANES RUNS KEPT`.
+# Training runs shared out among LANES processes of one thread each; sourced by the scripts
+# that queue them (tuning.sh, suite.sh, corridor_headline.sh), which set `names` (the runs, in
+# order) and `run_args NAME` (its trainer and overrides, e.g. `train_rl.py seed=200`) and call
+# `run_lanes LANES RUNS KEPT`.
 # Every lane walks the same list: a run kept in KEPT/NAME (its config, metrics and evaluation,
 # copied there when it finishes) is skipped, a run another lane holds is refused and passed,
 # and a stopped run continues from its checkpoint (resume=auto), so the same command carries
@@ -11,7 +12,7 @@ lane() {
     for name in "${names[@]}"; do
         [ -f "$kept/$name/eval.json" ] && continue
         read -ra args <<<"$(run_args "$name")"
-        if python train_rl.py "${args[@]}" torch_threads=1 wandb.mode=disabled resume=auto \
+        if python "${args[@]}" torch_threads=1 wandb.mode=disabled resume=auto \
             "hydra.run.dir=$runs/$name" >>"$runs/lane$number.log" 2>&1 \
             && [ -f "$runs/$name/eval.json" ]; then
             mkdir -p "$kept/$name"

@@ -39,7 +39,8 @@ done
 run_args() {  # NAME -> its overrides
     local task memory steps seed
     IFS=- read -r task memory steps seed <<<"$1"
-    echo "+sweep=suite +benchmark=$task memory=$memory total_steps=${steps%M}000000 seed=$seed"
+    echo "train_rl.py +sweep=suite +benchmark=$task memory=$memory" \
+        "total_steps=${steps%M}000000 seed=$seed"
 }
 
 run_lanes "${1:-2}" "${2:-runs/rl-sweeps/suite-heldout}" docs/results/suite_heldout

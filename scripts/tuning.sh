@@ -27,7 +27,7 @@ done
 run_args() {  # NAME -> its overrides
     local task memory epochs schedule seed
     IFS=- read -r task memory epochs schedule seed <<<"$1"
-    echo "+sweep=suite +benchmark=$task memory=$memory agent.epochs=${epochs#e}" \
+    echo "train_rl.py +sweep=suite +benchmark=$task memory=$memory agent.epochs=${epochs#e}" \
         "agent.lr_schedule=$schedule seed=$seed"
 }
 
