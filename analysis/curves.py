@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             str(seed),
             f"{steps / 1e6:.2f}M",
             "never" if r.reached_at is None else f"{r.reached_at / 1e3:.0f}k",
-            number(r.lowest_after, 2),
+            number(r.lowest_after, 3),
             number(r.mean_after, 3),
             number(r.memory_after, 1),
             "yes" if r.holds else "no",
