@@ -595,7 +595,7 @@ def evaluate_checkpoint(cfg: DictConfig) -> None:
 @hydra.main(config_path="configs", config_name="lm", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> None:
-    train_or_evaluate(cfg, CONFIGS, check_config, train, evaluate_checkpoint)
+    train_or_evaluate(cfg, check_config, train, evaluate_checkpoint)
 
 
 if __name__ == "__main__":

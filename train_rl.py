@@ -197,7 +197,7 @@ def check_eval(cfg: DictConfig) -> None:
 def train(cfg: DictConfig, checkpoint: dict | None) -> None:
     """Trains from scratch, or continues the run of ``checkpoint`` (``resumed_run``)."""
     with ExitStack() as resources:  # closed on every way out, exceptions included
-        dist, run_dir = start_run(resources, cfg, checkpoint)
+        dist, run_dir = start_run(resources, cfg, checkpoint, cfg.num_envs)
         seed_everything(rank_seed(cfg.seed, dist.rank))
         steps_per_update = cfg.num_envs * cfg.unroll_len * dist.world_size
         num_updates = math.ceil(cfg.total_steps / steps_per_update)
@@ -398,7 +398,7 @@ def evaluate(cfg: DictConfig) -> None:
 @hydra.main(config_path="configs", config_name="rl", version_base=None)
 @exit_on_config_error
 def main(cfg: DictConfig) -> None:
-    train_or_evaluate(cfg, CONFIGS, check_config, train, evaluate)
+    train_or_evaluate(cfg, check_config, train, evaluate)
 
 
 if __name__ == "__main__":

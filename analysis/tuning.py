@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+from omegaconf import OmegaConf
 
 from analysis.aggregate import score_run
 from analysis.plot import PlotError, RunResult, collect
@@ -105,15 +106,12 @@ def write_choices(table: dict[str, dict[Setting, dict[str, list]]], runs_dir: st
             f"in {runs_dir}:",
             f"# {COMMAND} {runs_dir} --write {out}",
         ]
-        groups: dict[str, list[str]] = defaultdict(list)
-        for key, value in zip(TUNED, setting, strict=True):
-            group, name = key.split(".")
-            groups[group].append(f"  {name}: {value}")
-        for group, settings in groups.items():
-            lines += [f"{group}:", *settings]
+        settings = OmegaConf.from_dotlist(
+            [f"{key}={value}" for key, value in zip(TUNED, setting, strict=True)]
+        )
         path = out / f"{kind}.yaml"
         with atomic_open(path, "w") as file:
-            file.write("\n".join(lines) + "\n")
+            file.write("\n".join(lines) + "\n" + OmegaConf.to_yaml(settings))
         written.append(path)
     return written
 

@@ -85,6 +85,12 @@ def compose_config(*overrides):
         return compose("lm", overrides=list(overrides))
 
 
+def resumed(cfg, checkpoint, overrides, config_name="lm"):
+    """`resumed_config` as a trainer's Hydra main calls it, Hydra initialised."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        return resumed_config(cfg, checkpoint, overrides, config_name)
+
+
 # ------------------------------------------------------------------ configuration
 
 
@@ -483,10 +489,10 @@ def test_task_paths_are_saved_as_given_so_the_same_command_line_resumes(tmp_path
     assert saved["config"]["task"]["cache_dir"] == "cache"
     assert OmegaConf.load(tmp_path / "config.yaml").task.cache_dir == "cache"
     again = [*args, "resume=true"]
-    assert resumed_config(compose_config(*again), saved, again).task.cache_dir == "cache"
+    assert resumed(compose_config(*again), saved, again).task.cache_dir == "cache"
     changed = [*again, "task.distance=8"]
     with pytest.raises(ConfigError) as refused:
-        resumed_config(compose_config(*changed), saved, changed)
+        resumed(compose_config(*changed), saved, changed)
     message = str(refused.value)
     assert "but task.distance=8 (the run has 64): drop this override" in message
     assert "{" not in message and message.count("task.") == 1
@@ -499,7 +505,8 @@ def test_a_refused_group_override_names_the_leaf_keys_it_changes():
         now = compose("rl", overrides=["memory=transformer_xl", "memory.dim=32"])
     checkpoint = {"config": OmegaConf.to_container(run_cfg, resolve=True)}
     with pytest.raises(ConfigError) as refused:
-        resumed_config(now, checkpoint, ["resume=true", "memory=transformer_xl", "memory.dim=32"])
+        overrides = ["resume=true", "memory=transformer_xl", "memory.dim=32"]
+        resumed(now, checkpoint, overrides, "rl")
     message = str(refused.value)
     assert "but memory.kind=transformer_xl (the run has expire_span); memory.dim=32 " in message
     assert message.count("memory.dim") == 1 and "{" not in message and "num_heads" not in message
@@ -510,8 +517,8 @@ def test_a_setting_added_since_a_run_began_takes_the_resuming_commands_value():
         run_cfg = OmegaConf.to_container(compose("lm"), resolve=True)
         now = compose("lm", overrides=["resume=true"])
     del run_cfg["precision"]  # a run from before the setting existed
-    resumed = resumed_config(now, {"config": run_cfg}, ["resume=true"])
-    assert resumed.precision == "fp32" and resumed.task == now.task
+    resumed_cfg = resumed(now, {"config": run_cfg}, ["resume=true"])
+    assert resumed_cfg.precision == "fp32" and resumed_cfg.task == now.task
 
 
 @pytest.mark.slow

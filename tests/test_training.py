@@ -23,6 +23,7 @@ import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
+from hydra import initialize_config_dir
 from omegaconf import OmegaConf
 
 import training.host
@@ -286,11 +287,12 @@ def test_the_keys_a_command_gives_include_those_of_the_files_it_adds():
     """+sweep=suite gives the sweep file's settings (its hydra block aside); memory=gru the
     group's; a plain override its own key."""
     configs = Path(__file__).resolve().parents[1] / "configs"
-    given = given_keys(["+sweep=suite", "seed=3", "wandb.mode=disabled"], configs)
-    assert {"total_steps", "log_interval", "resume", "seed", "wandb.mode"} <= set(given)
-    assert not [key for key in given if key.startswith("hydra")]
-    assert "memory.kind" in given_keys(["memory=gru"], configs)
-    assert given_keys(["log_interval=3"], None) == ["log_interval"]
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        given = given_keys(["+sweep=suite", "seed=3", "wandb.mode=disabled"], "rl")
+        assert {"total_steps", "log_interval", "resume", "seed", "wandb.mode"} <= set(given)
+        assert not [key for key in given if key.startswith("hydra")]
+        assert "memory.kind" in given_keys(["memory=gru"], "rl")
+        assert given_keys(["log_interval=3"], "rl") == ["log_interval"]
 
 
 def test_resume_without_a_checkpoint_names_the_directory_looked_at(tmp_path):

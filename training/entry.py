@@ -32,7 +32,6 @@ def checked_command_line(
 
 def train_or_evaluate(
     cfg: DictConfig,
-    config_dir: Path,
     check_config: Check,
     train: Callable[[DictConfig, dict | None], None],
     evaluate: Check,
@@ -43,7 +42,7 @@ def train_or_evaluate(
         check_config(cfg)
         evaluate(cfg)
         return
-    cfg, checkpoint = resumed_run(cfg, config_dir)
+    cfg, checkpoint = resumed_run(cfg)
     check_config(cfg)
     train(cfg, checkpoint)
     gc.collect()  # frees a DDP wrapper's process group now, not at shutdown (cleanup_distributed)

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from training.checkpoint import BEST_CHECKPOINT_FILE, SNAPSHOT, load_checkpoint
-from training.composition import NOT_SETTINGS, flattened
+from training.composition import composed_files, config_file
 from training.config import ConfigError, check_writable
 from training.metrics import METRICS_FILE, WANDB_ID_FILE
 from training.run_dir import (
@@ -134,11 +135,22 @@ def check_run_dir_argument(
     refuse_claimed(run_dir)
     check_writable("hydra.run.dir", run_dir, directory=True)
     overrides = [arg for arg in args if not arg.startswith("hydra.")]
-    try:  # resume and overwrite may come from a config file (+sweep=suite sets resume=auto)
-        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+    with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base=None):
+        try:  # resume and overwrite may come from a config file (+sweep=suite: resume=auto)
             cfg = compose(config_name, overrides=overrides)
-    except (HydraException, OmegaConfBaseException):
-        return  # a malformed command line: Hydra reports it
+        except (HydraException, OmegaConfBaseException):
+            return  # a malformed command line: Hydra reports it
+        check_resume_of(cfg, run_dir, overrides, config_name, check)
+
+
+def check_resume_of(
+    cfg: DictConfig,
+    run_dir: Path,
+    overrides: list[str],
+    config_name: str,
+    check: Callable[[DictConfig], None],
+) -> None:
+    """`check_run_dir_argument`'s checks of the composed `cfg` (Hydra initialised)."""
     resume = cfg.get("resume", False)
     check_resume_choice(resume)
     if resume == RESUME_AUTO and not (run_dir / CHECKPOINT_FILE).exists():
@@ -149,11 +161,11 @@ def check_run_dir_argument(
         return
     checkpoint = resume_checkpoint(run_dir, resume=True)
     check_resumed_budget(cfg.total_steps, checkpoint)
-    check(resumed_config(cfg, checkpoint, overrides, config_dir))
+    check(resumed_config(cfg, checkpoint, overrides, config_name))
 
 
 def resumed_config(
-    cfg: DictConfig, checkpoint: Mapping, overrides: list[str], config_dir: Path | None = None
+    cfg: DictConfig, checkpoint: Mapping, overrides: list[str], config_name: str
 ) -> DictConfig:
     """The config of the run `checkpoint` continues: the saved one, with the RESUMABLE fields
     that this command sets explicitly (`given_keys`: on the command line, or in a file it adds
@@ -163,7 +175,7 @@ def resumed_config(
     each leaf key it changes (a group override such as `memory=transformer_xl` changes the
     group's keys; a whole group would not say which), since the run cannot switch settings
     midway. A setting added to the trainer after the run began takes this command's value.
-    `config_dir`: the trainer's configs, where the files an override adds are."""
+    `config_name`: the trainer's Hydra config, initialised."""
     saved = OmegaConf.create(checkpoint["config"])
 
     unset = object()  # a key one of the two configs lacks (another task's options)
@@ -206,28 +218,26 @@ def resumed_config(
         saved[key] = cfg.get(key)
     for key in cfg.keys() - saved.keys():  # settings added to the trainer since the run began
         saved[key] = cfg[key]
-    for key in given_keys(overrides, config_dir):
+    for key in given_keys(overrides, config_name):
         value = OmegaConf.select(cfg, key, default=unset)
         if key.split(".")[0] in RESUMABLE and value is not unset:
             OmegaConf.update(saved, key, value, force_add=True)
     return saved
 
 
-def given_keys(overrides: Sequence[str], config_dir: Path | None) -> list[str]:
+def given_keys(overrides: Sequence[str], config_name: str) -> list[str]:
     """The dotted keys a command line sets: each override's key, or for an override that adds
-    a file of `config_dir` (`+sweep=suite`, `+benchmark=...`) the keys that file sets."""
+    a config file (`+sweep=suite`, `+benchmark=...`) the keys that file sets, read as the
+    start-up line reads them (`training.composition`). Needs Hydra initialised."""
+    packages = dict(composed_files(config_name, overrides))  # config path -> its package
     keys = []
     for override in overrides:
         key, _, value = override.lstrip("+~").partition("=")
-        path = config_dir / key / f"{value}.yaml" if config_dir is not None else None
-        if path is None or not path.is_file():
+        path = f"{key}/{value}"
+        if path in packages:
+            keys += config_file(path, packages[path]).settings
+        else:
             keys.append(key)
-            continue
-        text = path.read_text()
-        package = "" if "@package _global_" in text.split("\n", 1)[0] else f"{key}."
-        node = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
-        settings = [name for name in flattened(node) if name.split(".")[0] not in NOT_SETTINGS]
-        keys += [f"{package}{name}" for name in settings]
     return keys
 
 
@@ -240,11 +250,11 @@ def check_resume_choice(resume: Any) -> None:
         )
 
 
-def resumed_run(cfg: DictConfig, config_dir: Path) -> tuple[DictConfig, dict[str, Any] | None]:
+def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
     """The config to train with and the checkpoint to continue from (None for a new run):
-    with resume=true, the run directory's checkpoint and its run's config (`resumed_config`;
-    `config_dir`: the trainer's configs). Called before the config is checked, so that a
-    resumed run is checked as it will run."""
+    with resume=true, the run directory's checkpoint and its run's config (`resumed_config`).
+    Called inside the trainer's Hydra main, before the config is checked, so that a resumed
+    run is checked as it will run."""
     check_resume_choice(cfg.resume)
     overwrite = bool(cfg.get("overwrite", False))
     claim_run_dir(get_run_dir())  # before anything in it is read, deleted or written
@@ -252,7 +262,8 @@ def resumed_run(cfg: DictConfig, config_dir: Path) -> tuple[DictConfig, dict[str
     if checkpoint is None:
         return cfg, None
     check_resumed_budget(cfg.total_steps, checkpoint)
-    return resumed_config(cfg, checkpoint, command_line_overrides(), config_dir), checkpoint
+    config_name = HydraConfig.get().job.config_name
+    return resumed_config(cfg, checkpoint, command_line_overrides(), config_name), checkpoint
 
 
 def check_resumed_budget(total_steps: int, checkpoint: Mapping) -> None:

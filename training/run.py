@@ -45,13 +45,17 @@ class RunProgress:
 
 
 def start_run(
-    resources: ExitStack, cfg: DictConfig, checkpoint: Mapping | None
+    resources: ExitStack,
+    cfg: DictConfig,
+    checkpoint: Mapping | None,
+    environments_per_process: int | None = None,
 ) -> tuple[DistInfo, Path]:
     """The processes (torchrun's, or this one alone), their threads and heap, and the run
     directory; ``resources`` closes the process group on every way out. A resumed run must
     have as many processes as wrote its checkpoint: each continues one rank's environments,
     memory and random streams. A run that Hydra started says first where its settings come
-    from (`describe_start`), then every run what it trains on (`describe_device`)."""
+    from (`describe_start`), then every run what it trains on (`describe_device`, which an RL
+    run's `environments_per_process` tells whether its environments fill a GPU)."""
     dist = setup_distributed(cfg.device)
     resources.push(cleanup_distributed)
     use_host(cfg.torch_threads)
@@ -64,8 +68,9 @@ def start_run(
         )
     if dist.is_main and HydraConfig.initialized():
         log.info(describe_start(cfg, checkpoint, run_dir))
-    if dist.is_main:  # (an RL run's environments: whether they fill a GPU)
-        environments = cfg.num_envs * dist.world_size if "num_envs" in cfg else None
+    if dist.is_main:
+        per_process = environments_per_process
+        environments = None if per_process is None else per_process * dist.world_size
         log.info(describe_device(dist.device, environments))
     return dist, run_dir
 
