@@ -1,14 +1,21 @@
-"""Which collision questions a model gets right: those naming the last collision's colours, by
-how far back that collision is, and those naming another pair.
+"""Which collision questions a model gets right, in groups that show whether it fails because
+the collisions it needs lie further back than it remembers.
 
     python -m analysis.collision_probe CHECKPOINT [--split valid] [--rows 8]
 
-A question names the last collision's pair 40% of the time; its answer lies where that
-collision is. The other questions' answers lie where their pair last collided: on a 16 x 16
-grid a median of about 4,800 steps (38k tokens) back, beyond any CPU-sized span, so a model
-can only guess them. The split is read as `rows` streams, each from an empty memory, in blocks
-of K as in evaluation. Prints one JSON object: the error and count of each group, with the
-split's constant-answer and last-collision references.
+Hard task (the default): questions naming the last collision's colours, by how far back that
+collision is, and those naming another pair. A question names the last collision's pair 40% of
+the time; its answer lies where that collision is. The other questions' answers lie where their
+pair last collided: on a 16 x 16 grid a median of about 4,800 steps (38k tokens) back, beyond
+any CPU-sized span, so a model can only guess them.
+
+Easy task (`task.hard=false`): "?last" questions by how far back the last collision is, and
+"?recent" questions by how far back the oldest collision they ask (the num_recent-th last) is;
+a "?recent" answer is right only if all its quadrants are, as the task scores it.
+
+The split is read as `rows` streams, each from an empty memory, in blocks of K as in
+evaluation. Prints one JSON object: the error and count of each group, with the split's
+constant-answer and last-collision references.
 """
 
 from __future__ import annotations
@@ -36,28 +43,28 @@ from training import load_checkpoint
 from training.config import exit_on_config_error
 
 AGE_BINS = (0, 16, 64, 512)  # steps back: within a block of 128 tokens, of 512, of 4,096 ...
+# Easy task, steps back at its 7 tokens a step (num_recent = 3): 0-17 lie within a block's
+# length (128 tokens), so need little memory; then edges doubling up to 256 steps (1,792
+# tokens), where the small grids the easy task suits put their collisions (a median of 15 steps
+# apart on 4 x 4, 64 on 8 x 8). A model remembering S tokens is right up to about S / 7 steps.
+EASY_AGE_BINS = (0, 18, 64, 128, 256)
 
 
-def error_groups(
-    world: CollisionWorld, rules: CollisionRules, predicted: np.ndarray
-) -> dict[str, dict[str, float]]:
-    """Error and count of the scored questions among steps 0..len(predicted)-1 by group.
+def age_groups(
+    label: str, age: np.ndarray, mask: np.ndarray, bins: tuple[int, ...]
+) -> dict[str, np.ndarray]:
+    """`mask` split by `age` into the bins starting at each edge, the last one open."""
+    groups = {}
+    for low, high in zip(bins, (*bins[1:], np.inf), strict=True):
+        name = f"{label} {low}-{high - 1} steps back" if high < np.inf else f"{label} {low}+"
+        groups[name] = mask & (age >= low) & (age < high)
+    return groups
 
-    `predicted` holds a quadrant per step (any value where nothing is scored).
-    """
-    steps = np.arange(len(predicted))
-    answers = world.answers[steps, 0]
-    last = np.searchsorted(world.collision_steps, steps, side="right") - 1
-    collided = world.collision_steps[np.maximum(last, 0)]
-    last_pair = world.colours[collided, 0] * rules.num_colors + world.colours[collided, 1]
-    names_last = (last >= 0) & (world.questions[steps] == last_pair)
-    age = steps - collided
-    scored = answers != IGNORE
-    wrong = predicted != answers
-    groups = {"all": scored, "other pair": scored & ~names_last}
-    for low, high in zip(AGE_BINS, (*AGE_BINS[1:], np.inf), strict=True):
-        name = f"last pair, {low}-{high - 1} steps back" if high < np.inf else f"last pair, {low}+"
-        groups[name] = scored & names_last & (age >= low) & (age < high)
+
+def group_errors(
+    groups: dict[str, np.ndarray], wrong: np.ndarray
+) -> dict[str, dict[str, float | None]]:
+    """Error and count of each group of questions (no error for an empty group)."""
     return {
         name: {
             "error": float(wrong[mask].mean()) if mask.any() else None,
@@ -67,23 +74,69 @@ def error_groups(
     }
 
 
+def error_groups(
+    world: CollisionWorld, rules: CollisionRules, predicted: np.ndarray
+) -> dict[str, dict[str, float | None]]:
+    """Hard task: error and count of the scored questions among steps 0..len(predicted)-1 by
+    group.
+
+    `predicted` holds a quadrant per step (any value where nothing is scored).
+    """
+    steps = np.arange(len(predicted))
+    answers = world.answers[steps, 0]
+    last = np.searchsorted(world.collision_steps, steps, side="right") - 1
+    collided = world.collision_steps[np.maximum(last, 0)]
+    last_pair = world.colours[collided, 0] * rules.num_colors + world.colours[collided, 1]
+    names_last = (last >= 0) & (world.questions[steps] == last_pair)
+    scored = answers != IGNORE
+    groups = {"all": scored, "other pair": scored & ~names_last}
+    groups |= age_groups("last pair,", steps - collided, scored & names_last, AGE_BINS)
+    return group_errors(groups, predicted != answers)
+
+
+def easy_error_groups(
+    world: CollisionWorld, rules: CollisionRules, predicted: np.ndarray
+) -> dict[str, dict[str, float | None]]:
+    """Easy task: error and count of the scored questions among steps 0..len(predicted)-1, by
+    question and by how far back the oldest collision it needs is (the last one for "?last",
+    the num_recent-th last for "?recent").
+
+    `predicted` holds a quadrant per answer slot, shape (steps, num_recent); an answer is right
+    only if all its scored slots are.
+    """
+    steps = np.arange(len(predicted))
+    answers = world.answers[steps]
+    scored_slots = answers != IGNORE
+    scored = scored_slots.any(axis=1)
+    wrong = ((predicted != answers) & scored_slots).any(axis=1)
+    asks_recent = world.questions[steps] == 1
+    last = np.searchsorted(world.collision_steps, steps, side="right") - 1
+    oldest = np.where(asks_recent, last - (rules.num_recent - 1), last)
+    age = steps - world.collision_steps[np.maximum(oldest, 0)]  # scored: oldest >= 0
+    groups = {"all": scored, "?last": scored & ~asks_recent, "?recent": scored & asks_recent}
+    groups |= age_groups("?last,", age, groups["?last"], EASY_AGE_BINS)
+    groups |= age_groups("?recent, oldest", age, groups["?recent"], EASY_AGE_BINS)
+    return group_errors(groups, wrong)
+
+
 @torch.no_grad()
 def predicted_quadrants(
-    model: LanguageModel, inputs: np.ndarray, tokens_per_step: int, rows: int
+    model: LanguageModel, inputs: np.ndarray, rules: CollisionRules, rows: int
 ) -> np.ndarray:
-    """The model's quadrant at each step's answer slot, reading `rows` streams of whole steps
-    (a token other than a quadrant is out of 0..3, so it is wrong, as in evaluation)."""
-    vocab = model.head.out_features
-    per_row = len(inputs) // tokens_per_step // rows
-    tokens = torch.from_numpy(inputs[: rows * per_row * tokens_per_step].astype(np.int64))
-    tokens = tokens.view(rows, per_row * tokens_per_step)
+    """The model's quadrant at each step's answer slots, shape (steps, answers_per_step),
+    reading `rows` streams of whole steps (a token other than a quadrant is out of 0..3, so it
+    is wrong, as in evaluation)."""
+    vocab, step_len = model.head.out_features, rules.tokens_per_step
+    per_row = len(inputs) // step_len // rows
+    tokens = torch.from_numpy(inputs[: rows * per_row * step_len].astype(np.int64))
+    tokens = tokens.view(rows, per_row * step_len)
     state, answers = model.initial_state(rows), []
     for start in range(0, tokens.shape[1], model.cfg.block_len):
         logits, out = model(tokens[:, start : start + model.cfg.block_len], state)
         state = out.state
         answers.append(logits.argmax(-1) - (vocab - NUM_QUADRANTS))  # another token: wrong
-    slots = torch.cat(answers, dim=1).view(rows, per_row, tokens_per_step)
-    return slots[:, :, -1].flatten().numpy()
+    slots = torch.cat(answers, dim=1).view(rows * per_row, step_len)
+    return slots[:, -rules.answers_per_step :].numpy()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,14 +152,16 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"{args.checkpoint}: no checkpoint file there")
     require_run_kind(parser.prog, args.checkpoint, checkpoint.get("config", {}), LM)
     task = dict(checkpoint["config"]["task"])
-    if task.pop("name") != "collision" or not task.get("hard", True):
-        parser.error(f"{args.checkpoint} is not a model of the hard collision task")
+    if task.pop("name") != "collision":
+        parser.error(f"{args.checkpoint} is not a model of the collision task")
     world, rules = split_world(task_options("collision") | task, args.split)
     model = trained_model(checkpoint)
-    predicted = predicted_quadrants(
-        model, encode(world, rules).inputs, rules.tokens_per_step, args.rows
-    )
-    result = {"split": args.split, **error_groups(world, rules, predicted)}
+    predicted = predicted_quadrants(model, encode(world, rules).inputs, rules, args.rows)
+    if rules.hard:
+        groups = error_groups(world, rules, predicted[:, 0])
+    else:
+        groups = easy_error_groups(world, rules, predicted)
+    result = {"split": args.split, **groups}
     result["references"] = baseline_errors(world, rules)
     print(json.dumps(result))
     return 0

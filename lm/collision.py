@@ -38,7 +38,7 @@ import numpy as np
 
 from lm.data import IGNORE, Split, TaskData, TaskDataError, cached_task, compact_dtype
 
-GENERATOR_VERSION = 2  # bump when the generated data or its info changes, so caches are rebuilt
+GENERATOR_VERSION = 3  # bump when the generated data or its info changes, so caches are rebuilt
 COLOUR_NAMES = ("red", "green", "blue", "yellow", "purple", "orange", "cyan", "pink")
 NUM_QUADRANTS = 4
 
@@ -236,21 +236,25 @@ def _recent_questions(
 
 
 def baseline_errors(world: CollisionWorld, rules: CollisionRules) -> dict[str, float]:
-    """Errors of answers that learn nothing, over a world's scored questions (hard version):
-    the best constant quadrant (chosen on these very answers, so no constant does better) and
-    the quadrant of the last collision of any colours. A model beats the constant answer
-    only by remembering collisions; the last collision is right whenever the question names
-    its pair (40%) and by chance otherwise."""
-    if not rules.hard:
-        raise TaskDataError("baseline_errors scores the hard version's colour-pair questions")
-    answers = world.answers[:, 0]
-    scored = np.flatnonzero(answers != IGNORE)
-    counts = np.bincount(answers[scored], minlength=NUM_QUADRANTS)
-    last = np.searchsorted(world.collision_steps, scored, side="right") - 1
+    """Errors of answers that learn nothing, over a world's scored questions (an answer is right
+    only if all its slots are): the best constant quadrant (chosen on these very answers, so no
+    constant does better) and the quadrant of the last collision of any colours in every slot.
+    A model beats the constant answer only by remembering collisions; the last collision is
+    right whenever the question asks for it (hard: names its pair, 40%; easy: "?last") and by
+    chance otherwise."""
+    scored = world.answers != IGNORE
+    steps = np.flatnonzero(scored.any(axis=1))
+    answers, scored = world.answers[steps], scored[steps]
+
+    def wrong(guess: np.ndarray | int) -> np.ndarray:
+        return ((answers != guess) & scored).any(axis=1)
+
+    right = max(int((~wrong(q)).sum()) for q in range(NUM_QUADRANTS))
+    last = np.searchsorted(world.collision_steps, steps, side="right") - 1
     last_quadrant = quadrant(world.cells[world.collision_steps[last], 0], rules.grid_size)
     return {
-        "constant_error": 1.0 - counts.max() / scored.size,
-        "last_collision_error": float((last_quadrant != answers[scored]).mean()),
+        "constant_error": 1.0 - right / steps.size,
+        "last_collision_error": float(wrong(last_quadrant[:, None]).mean()),
     }
 
 
@@ -336,7 +340,7 @@ def load_collision(
         for split, count in steps.items():
             world = simulate(count, rules, split_seed(seed, split))
             splits[split] = encode(world, rules)
-            if hard and world.collision_steps.size:
+            if world.collision_steps.size:
                 baselines[split] = baseline_errors(world, rules)
             collisions += world.collision_steps.size
         info = params | {

@@ -271,6 +271,85 @@ def test_baseline_errors_against_every_constant_and_a_slow_last_collision():
     assert col.baseline_errors(world, always_last)["last_collision_error"] == 0.0
 
 
+def test_easy_baseline_errors_count_an_answer_right_only_if_all_its_slots_are():
+    rules = col.CollisionRules(hard=False, grid_size=8)
+    world = col.simulate(8000, rules, 7)
+    baselines = col.baseline_errors(world, rules)
+    last, recent_hits, constant_hits, collisions = None, [], [], set(world.collision_steps.tolist())
+    for t, answer in enumerate(world.answers):
+        if t in collisions:
+            last = int(col.quadrant(world.cells[t, 0], rules.grid_size))
+        asked = [int(a) for a in answer if a != IGNORE]
+        if asked:
+            recent_hits.append(all(a == last for a in asked))
+            constant_hits.append([all(a == q for a in asked) for q in range(col.NUM_QUADRANTS)])
+    assert baselines["last_collision_error"] == pytest.approx(1 - np.mean(recent_hits))
+    assert baselines["constant_error"] == pytest.approx(1 - np.mean(constant_hits, axis=0).max())
+    # the last collision answers every "?last" question and only some "?recent" ones
+    assert 0 < baselines["last_collision_error"] < 0.5
+    only_last = col.CollisionRules(hard=False, grid_size=8, recent_question_prob=0.0)
+    world = col.simulate(8000, only_last, 7)
+    assert col.baseline_errors(world, only_last)["last_collision_error"] == 0.0
+
+
+def easy_ages(world, rules):
+    """Slow bookkeeping: per step, how far back the oldest collision its question needs is."""
+    ages, seen, collisions = [], [], set(world.collision_steps.tolist())
+    for t in range(len(world.answers)):
+        if t in collisions:
+            seen.insert(0, t)
+        needed = 1 if world.questions[t] == 0 else rules.num_recent
+        ages.append(t - seen[needed - 1] if len(seen) >= needed else -1)
+    return np.array(ages)
+
+
+def test_easy_probe_groups_questions_by_how_far_back_their_oldest_collision_is():
+    rules = col.CollisionRules(hard=False, grid_size=4)
+    world = col.simulate(3000, rules, 5)
+    scored = (world.answers != IGNORE).any(axis=1)
+    age, recent = easy_ages(world, rules), world.questions == 1
+    # right where the collisions needed are under 64 steps back; else the oldest slot is wrong
+    far = scored & (age >= 64)
+    oldest_slot = np.where(recent, rules.num_recent - 1, 0)
+    predicted = world.answers.copy()
+    predicted[far, oldest_slot[far]] = (predicted[far, oldest_slot[far]] + 1) % 4
+    groups = probe.easy_error_groups(world, rules, predicted)
+    assert groups["all"] == {
+        "error": pytest.approx(far.sum() / scored.sum()),
+        "count": scored.sum(),
+    }
+    assert groups["?last"]["count"] + groups["?recent"]["count"] == scored.sum()
+    for question, mask, label in [
+        ("?last", ~recent, "?last,"),
+        ("?recent", recent, "?recent, oldest"),
+    ]:
+        bins = {name: g for name, g in groups.items() if name.startswith(f"{label} ")}
+        assert len(bins) == len(probe.EASY_AGE_BINS)
+        assert sum(g["count"] for g in bins.values()) == groups[question]["count"]
+        assert groups[question]["count"] == (scored & mask).sum()
+        assert bins[f"{label} 0-17 steps back"] == {
+            "error": 0.0,
+            "count": (scored & mask & (age < 18)).sum(),
+        }
+        errors = [g["error"] for g in bins.values()]  # 0-17, 18-63, 64-127, 128-255, 256+
+        assert errors[:3] == [0.0, 0.0, 1.0] and all(e in (1.0, None) for e in errors[3:])
+        assert min(g["count"] for g in list(bins.values())[:3]) > 10
+
+
+def test_easy_probe_counts_a_recent_answer_with_one_wrong_slot_wrong_and_ignores_unscored_slots():
+    rules = col.CollisionRules(hard=False, grid_size=4)
+    world = col.simulate(2000, rules, 5)
+    scored = (world.answers != IGNORE).any(axis=1)
+    predicted = np.where(world.answers == IGNORE, 9, world.answers)  # unscored slots: not 0..3
+    assert probe.easy_error_groups(world, rules, predicted)["all"]["error"] == 0.0
+    t = np.flatnonzero(scored & (world.questions == 1))[0]
+    predicted[t, 1] = (predicted[t, 1] + 1) % 4  # the middle of three: two right, one wrong
+    groups = probe.easy_error_groups(world, rules, predicted)
+    assert groups["?recent"]["error"] == pytest.approx(1 / groups["?recent"]["count"])
+    assert groups["?last"]["error"] == 0.0
+    assert groups["all"]["error"] == pytest.approx(1 / scored.sum())
+
+
 def test_probe_groups_questions_by_the_pair_they_name_and_the_answers_age():
     rules = col.CollisionRules(grid_size=4)
     world = col.simulate(3000, rules, 5)

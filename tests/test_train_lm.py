@@ -22,7 +22,8 @@ from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_RL
 
 from analysis import collision_probe, visualize
-from lm.collision import CollisionRules, baseline_errors, simulate
+from lm import IGNORE
+from lm.collision import CollisionRules, baseline_errors, simulate, split_seed
 from scripts import load_script, record_closing
 from training import ConfigError, DistInfo, resumed_config, save_checkpoint
 
@@ -325,18 +326,23 @@ def test_copy_needs_a_memory_that_reaches_the_first_run(tmp_path, cache_dir):
     assert final(tmp_path / "fixed", "memory_size") == pytest.approx(4, abs=0.1)
 
 
-@pytest.mark.parametrize("valid_prefix", ["null", "512"])
+@pytest.mark.parametrize(
+    "hard, valid_prefix, total_steps",
+    # an easy-task model trains 20 steps, enough to answer with quadrants, so that misread
+    # answer slots would show
+    [("true", "null", 2), ("true", "512", 2), ("false", "null", 20)],
+)
 def test_collision_runs_log_the_baselines_of_the_split_they_score(
-    valid_prefix, tmp_path, cache_dir, monkeypatch, capsys
+    hard, valid_prefix, total_steps, tmp_path, cache_dir, monkeypatch, capsys
 ):
     monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
-    task = ["task.grid_size=4", "task.train_steps=300", "task.valid_steps=400"]
+    task = ["task.grid_size=4", "task.train_steps=300", "task.valid_steps=400", f"task.hard={hard}"]
     cfg = compose_config(
         *SMALL,
         "task=collision",
         *task,
         f"task.cache_dir={cache_dir}",
-        "total_steps=2",
+        f"total_steps={total_steps}",
         f"valid_prefix={valid_prefix}",
     )
     train_lm.train(cfg, None)
@@ -344,15 +350,19 @@ def test_collision_runs_log_the_baselines_of_the_split_they_score(
     if valid_prefix == "512":  # a prefix: the whole split's references would mislead
         assert "valid_constant_error" not in last
         return
-    rules = CollisionRules(grid_size=4)
-    expected = baseline_errors(simulate(400, rules, [0, 1]), rules)  # the valid split
+    rules = CollisionRules(hard=hard == "true", grid_size=4)
+    world = simulate(400, rules, split_seed(0, "valid"))
+    expected = baseline_errors(world, rules)
     assert last["valid_constant_error"] == pytest.approx(expected["constant_error"])
     assert last["valid_last_collision_error"] == pytest.approx(expected["last_collision_error"])
     # the probe reads the split as evaluation does (4 rows of 100 steps): the same error
     assert collision_probe.main([str(tmp_path), "--rows", "4"]) == 0
     probe = json.loads(capsys.readouterr().out)
     assert probe["all"]["error"] == pytest.approx(last["valid_error"])
+    assert probe["all"]["count"] == (world.answers != IGNORE).any(axis=1).sum() > 100
     assert probe["references"] == pytest.approx(expected)
+    if hard == "false":
+        assert probe["?last"]["count"] + probe["?recent"]["count"] == probe["all"]["count"]
 
 
 @pytest.mark.slow  # (a step of the paper's model takes seconds)
@@ -637,7 +647,7 @@ def test_collision_probe_refuses_a_model_of_another_task(text_run, capsys):
     with pytest.raises(SystemExit) as stopped:
         collision_probe.main([str(text_run)])
     assert stopped.value.code == 2
-    assert "not a model of the hard collision task" in capsys.readouterr().err
+    assert "not a model of the collision task" in capsys.readouterr().err
 
 
 def test_visualization_refuses_models_without_expire_spans(tmp_path, capsys):
