@@ -83,7 +83,7 @@ def markdown(table: dict[str, dict[Setting, dict[str, list]]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for kind in sorted(table):
         for setting, by_task in sorted(table[kind].items(), key=_grid_order):
-            cells = [f"{np.mean([f for _, f in by_task.get(t, [])]):.3f}" for t in tasks]
+            cells = [_task_mean(by_task.get(task, [])) for task in tasks]
             runs = sum(len(r) for r in by_task.values())
             mark = "yes" if chosen[kind][0] == setting else ""
             row = [kind, *map(str, setting), *cells, f"{_mean(by_task):.3f}", str(runs), mark]
@@ -114,6 +114,11 @@ def write_choices(table: dict[str, dict[Setting, dict[str, list]]], runs_dir: st
             file.write("\n".join(lines) + "\n" + OmegaConf.to_yaml(settings))
         written.append(path)
     return written
+
+
+def _task_mean(runs: list) -> str:
+    """The mean final score of a setting's runs on one task; "-" before any has finished."""
+    return f"{np.mean([final for _, final in runs]):.3f}" if runs else "-"
 
 
 def _mean(by_task: dict[str, list]) -> float:
