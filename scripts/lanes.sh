@@ -5,7 +5,8 @@
 # Every lane walks the same list: a run kept in KEPT/NAME (its config, metrics and evaluation,
 # copied there when it finishes) is skipped, a run another lane holds is refused and passed,
 # and a stopped run continues from its checkpoint (resume=auto), so the same command carries
-# on a stopped queue. RUNS/laneN.log holds each lane's output.
+# on a stopped queue. RUNS/laneN.log holds each lane's output. With LANES_PRINT=1 the script
+# prints each run's name and command instead, and runs nothing.
 
 lane() {
     local number=$1 runs=$2 kept=$3 name
@@ -22,7 +23,11 @@ lane() {
 }
 
 run_lanes() {
-    local lanes=$1 runs=$2 kept=$3 i
+    local lanes=$1 runs=$2 kept=$3 i name
+    if [ -n "${LANES_PRINT:-}" ]; then
+        for name in "${names[@]}"; do echo "$name: python $(run_args "$name")"; done
+        return
+    fi
     mkdir -p "$runs"
     for i in $(seq "$lanes"); do
         lane "$i" "$runs" "$kept" &

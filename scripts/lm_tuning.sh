@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Choosing the scale of the language-model comparisons on the tuning seed (docs/results.md,
+# "Language models"): the instruction task at a mean distance of 512 tokens (four times the
+# 128 a block's relative positions reach) with Transformer-XL reaching past it (L = 1024),
+# short of it (L = 256) and Expire-Span (L = 2048); the easy collision task on a 6 x 6 grid
+# with Transformer-XL at L = 512 and Expire-Span at L = 2048. The small model of configs/lm.yaml,
+# 3,000 updates each, seed 0; LANES at a time with one thread each.
+#   bash scripts/lm_tuning.sh [LANES] [RUNS]
+#   python -m analysis.curves docs/results/lm_tuning/* --markdown
+# Runs go to RUNS (runs/lm-sweeps/tuning), each finished one's files to docs/results/lm_tuning/
+# NAME (scripts/lanes.sh: the same command carries on a stopped queue).
+set -euo pipefail
+source "$(dirname "$0")/lanes.sh"
+
+names=(
+    instruction-d512-transformer_xl-1024-0
+    collision_easy-g6-transformer_xl-512-0
+    instruction-d512-expire_span-2048-0
+    collision_easy-g6-expire_span-2048-0
+    instruction-d512-transformer_xl-256-0
+)
+
+run_args() {  # NAME -> its overrides
+    local task size memory span seed
+    IFS=- read -r task size memory span seed <<<"$1"
+    local common="memory=$memory memory.max_span=$span seed=$seed total_steps=3000"
+    common+=" log_interval=50 eval_interval=250 checkpoint_interval=250"
+    case $task in
+        instruction) echo "train_lm.py task=instruction task.mean_distance=${size#d} $common" ;;
+        collision_easy)
+            echo "train_lm.py task=collision task.hard=false task.grid_size=${size#g} $common" ;;
+    esac
+}
+
+run_lanes "${1:-1}" "${2:-runs/lm-sweeps/tuning}" docs/results/lm_tuning

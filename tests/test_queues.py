@@ -1,0 +1,60 @@
+"""The queues of runs (scripts/*.sh on scripts/lanes.sh): every run they would start is a
+command its trainer accepts, named once, on the seeds the docs say."""
+
+import os
+import subprocess
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from scripts import ROOT, load_script
+
+QUEUES = ("tuning.sh", "suite.sh", "corridor_headline.sh", "lm_tuning.sh")
+
+
+def queued_runs(script: str, cwd) -> dict[str, list[str]]:
+    """NAME -> [trainer, overrides...] of each run the queue would start (LANES_PRINT=1)."""
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts" / script)],
+        cwd=cwd,
+        env=dict(os.environ, LANES_PRINT="1"),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    runs = {}
+    for line in result.stdout.splitlines():
+        name, command = line.split(": python ")
+        assert name not in runs, f"{script} queues {name} twice"
+        runs[name] = command.split()
+    return runs
+
+
+@pytest.mark.parametrize("script", QUEUES)
+def test_every_queued_run_is_a_command_its_trainer_accepts(script, tmp_path):
+    (tmp_path / "configs/tuned").mkdir(parents=True)  # suite.sh waits for the tuning's choices
+    for memory in ("expire_span", "transformer_xl", "gru", "lstm"):
+        (tmp_path / f"configs/tuned/{memory}.yaml").write_text("# @package _global_\n")
+    runs = queued_runs(script, tmp_path)
+    assert runs
+    held_out = script in ("suite.sh", "corridor_headline.sh")
+    settings = set()  # each run's command but its seed, checked once
+    for name, command in runs.items():
+        seed = int(next(arg for arg in command if arg.startswith("seed=")).split("=")[1])
+        assert (seed >= 200) if held_out else (0 <= seed <= 9), f"{name}: seed {seed}"
+        settings.add(tuple(arg for arg in command if not arg.startswith("seed=")))
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        for trainer, *overrides in settings:
+            cfg = compose("rl" if trainer == "train_rl.py" else "lm", overrides=overrides)
+            load_script(trainer.removesuffix(".py")).check_config(cfg)
+
+
+def test_the_suite_waits_for_the_tuning(tmp_path):
+    result = subprocess.run(
+        ["bash", str(ROOT / "scripts/suite.sh")],
+        cwd=tmp_path,
+        env=dict(os.environ, LANES_PRINT="1"),
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 2 and "configs/tuned/expire_span.yaml is missing" in result.stderr
