@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Choosing the scale of the language-model comparisons on the tuning seed (docs/results.md,
-# "Language models"): the instruction task at a mean distance of 512 tokens (four times the
-# 128 a block's relative positions reach) with Transformer-XL reaching past it (L = 1024),
-# short of it (L = 256) and Expire-Span (L = 2048); the easy collision task on a 6 x 6 grid
-# with Transformer-XL at L = 512 and Expire-Span at L = 2048. The small model of configs/lm.yaml,
-# 3,000 updates each, seed 0; LANES at a time with one thread each.
+# "Language models"): the instruction task at a mean distance of four times what a block's
+# relative positions reach (512 tokens with blocks of 128; 256 with blocks of 64, `k64`), with
+# Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span; the
+# easy collision task on a 6 x 6 grid with Transformer-XL at L = 512 and Expire-Span at
+# L = 2048. The small model of configs/lm.yaml, 3,000 updates each, seed 0; LANES at a time
+# with one thread each.
 #   bash scripts/lm_tuning.sh [LANES] [RUNS]
-#   python -m analysis.curves docs/results/lm_tuning/* --markdown
+#   python -m analysis.plot docs/results/lm_tuning --out docs/results/lm_tuning --markdown
 # Runs go to RUNS (runs/lm-sweeps/tuning), each finished one's files to docs/results/lm_tuning/
 # NAME (scripts/lanes.sh: the same command carries on a stopped queue).
 set -euo pipefail
@@ -14,19 +15,28 @@ source "$(dirname "$0")/lanes.sh"
 
 names=(
     instruction-d512-transformer_xl-1024-0
+    instruction-d256k64-transformer_xl-512-0
     collision_easy-g6-transformer_xl-512-0
     instruction-d512-expire_span-2048-0
+    instruction-d256k64-expire_span-1024-0
     collision_easy-g6-expire_span-2048-0
     instruction-d512-transformer_xl-256-0
+    instruction-d256k64-transformer_xl-128-0
 )
 
 run_args() {  # NAME -> its overrides
-    local task size memory span seed
+    local task size memory span seed distance block=""
     IFS=- read -r task size memory span seed <<<"$1"
     local common="memory=$memory memory.max_span=$span seed=$seed total_steps=3000"
     common+=" log_interval=50 eval_interval=250 checkpoint_interval=250"
     case $task in
-        instruction) echo "train_lm.py task=instruction task.mean_distance=${size#d} $common" ;;
+        instruction)
+            distance=${size#d}
+            if [[ $distance == *k* ]]; then
+                block=" memory.block_len=${distance#*k}"
+                distance=${distance%k*}
+            fi
+            echo "train_lm.py task=instruction task.mean_distance=$distance$block $common" ;;
         collision_easy)
             echo "train_lm.py task=collision task.hard=false task.grid_size=${size#g} $common" ;;
     esac
