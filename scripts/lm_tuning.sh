@@ -14,14 +14,14 @@ set -euo pipefail
 source "$(dirname "$0")/lanes.sh"
 
 names=(
-    instruction-d512-transformer_xl-1024-0
     instruction-d256k64-transformer_xl-512-0
+    instruction-d512-transformer_xl-1024-0
     collision_easy-g6-transformer_xl-512-0
-    instruction-d512-expire_span-2048-0
     instruction-d256k64-expire_span-1024-0
+    instruction-d512-expire_span-2048-0
     collision_easy-g6-expire_span-2048-0
-    instruction-d512-transformer_xl-256-0
     instruction-d256k64-transformer_xl-128-0
+    instruction-d512-transformer_xl-256-0
 )
 
 run_args() {  # NAME -> its overrides
