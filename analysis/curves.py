@@ -5,15 +5,17 @@
 Draws the task metric, the average memory size and (Expire-Span runs) every layer's mean and
 largest span against environment steps, one line per run (every seed shown), one colour per memory
 setting. Prints one row per run: where it first reached the target, and over the rest of the
-run its lowest interval, its mean, and its mean memory size. A run *holds* when it reaches
-the target, never falls below the floor afterwards, and keeps a mean at or above the target
-over that part (with --max-memory, at a mean memory size no larger): a peak that does not
-last is reported as such.
+run its lowest interval, its mean, and its mean memory size (a run that never reaches it: its
+best interval), then its final evaluation (RUN_DIR/eval.json) if it has one. A run *holds*
+when it reaches the target, never falls below the floor afterwards, and keeps a mean at or
+above the target over that part (with --max-memory, at a mean memory size no larger): a peak
+that does not last is reported as such.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from collections.abc import Sequence
@@ -28,7 +30,7 @@ from omegaconf import OmegaConf
 from analysis.plot import KIND_STYLES, PlotError, _series, find_run_dirs
 from analysis.runs import RL, require_run_kind, saved_config
 from envs.registry import task_metric
-from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
+from training import CONFIG_FILE, EVAL_FILE, METRICS_FILE, atomic_open, read_metrics
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Holding:
     mean_after: float | None
     memory_after: float | None  # mean memory size over the same intervals
     holds: bool
+    best: float | None  # the best interval of the run (None: no interval has a value)
 
 
 def holding(
@@ -52,17 +55,35 @@ def holding(
     """The stability criterion over a run's logged intervals (intervals without a value, as
     when no episode ended, are skipped); ``max_memory``: also at most this mean memory size."""
     rows = [r for r in records if r.get(metric) is not None and not math.isnan(r[metric])]
+    best = max((r[metric] for r in rows), default=None)
     first = next((i for i, r in enumerate(rows) if r[metric] >= target), None)
     if first is None:
-        return Holding(None, None, None, None, False)
+        return Holding(None, None, None, None, False, best)
     after = rows[first:]
     values = [r[metric] for r in after]
     memory = [r["memory_size"] for r in after]
     lowest, mean, memory_mean = min(values), sum(values) / len(values), sum(memory) / len(memory)
     small = max_memory is None or memory_mean <= max_memory
-    return Holding(
-        rows[first]["step"], lowest, mean, memory_mean, lowest >= floor and mean >= target and small
-    )
+    holds = lowest >= floor and mean >= target and small
+    return Holding(rows[first]["step"], lowest, mean, memory_mean, holds, best)
+
+
+def first_reached(result: Holding) -> str:
+    """Where a run first reached the target, or that it never did and its best interval."""
+    if result.reached_at is None:
+        return "never" if result.best is None else f"never (best {result.best:.2f})"
+    return f"{result.reached_at / 1e3:.0f}k"
+
+
+def evaluation_cells(run_dir: Path, metric: str, cfg: Any) -> tuple[str, str]:
+    """The run's final evaluation (RUN_DIR/eval.json), if it has one: its task metric with the
+    policy it acted by, and its memory size."""
+    path = run_dir / EVAL_FILE
+    if not path.is_file():
+        return "-", "-"
+    result = json.loads(path.read_text())
+    policy = "greedy" if OmegaConf.select(cfg, "eval.greedy", default=True) else "sampled"
+    return f"{result[metric]:.2f} {policy}", f"{result['memory_size']:.1f}"
 
 
 def run_label(cfg: Any, keys: Sequence[str] = ()) -> str:
@@ -187,7 +208,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs.append((label, records))
         metrics.append(metric)
         result = holding(records, metric, args.target, args.floor, args.max_memory)
-        rows.append((label, cfg.seed, records[-1]["step"], result))
+        evaluation = evaluation_cells(run_dir, metric, cfg)
+        rows.append((label, cfg.seed, records[-1]["step"], result, evaluation))
     if not runs:
         print(f"{parser.prog}: error: no run with metrics under {args.run_dirs}", file=sys.stderr)
         return 2
@@ -209,19 +231,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mean after",
         "memory after",
         "holds",
+        "evaluation",
+        "memory in evaluation",
     )
     lines = [header] + [
         (
             label,
             str(seed),
             f"{steps / 1e6:.2f}M",
-            "never" if r.reached_at is None else f"{r.reached_at / 1e3:.0f}k",
+            first_reached(r),
             number(r.lowest_after, 3),
             number(r.mean_after, 3),
             number(r.memory_after, 1),
             "yes" if r.holds else "no",
+            *evaluation,
         )
-        for label, seed, steps, r in rows
+        for label, seed, steps, r, evaluation in rows
     ]
     if args.markdown:
         print("| " + " | ".join(header) + " |")

@@ -569,7 +569,8 @@ def test_holding_judges_the_run_after_it_first_reaches_the_target():
     large = holding(records([0.97, 0.99]), "success", 0.95, 0.9, max_memory=10.4)
     assert large.memory_after == 10.5 and not large.holds  # memory sizes 10 and 11
     never = holding(records([0.5, 0.6]), "success", 0.95, 0.9)
-    assert never.reached_at is None and not never.holds
+    assert never.reached_at is None and not never.holds and never.best == 0.6
+    assert dipped.best == 0.99
 
 
 def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
@@ -581,6 +582,7 @@ def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
         record.update({"span/l0_mean": 5.0, "span/l1_mean": 9.0})
     make_run(tmp_path / "a", rl_config("expire_span", 200, 0), held)
     make_run(tmp_path / "b", rl_config("transformer_xl", 50, 1), lost)
+    (tmp_path / "a" / "eval.json").write_text(json.dumps({"success": 0.987, "memory_size": 12.34}))
     figure = tmp_path / "curves.png"
     assert (
         curves.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(figure), "--markdown"])
@@ -588,8 +590,8 @@ def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
     )
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     assert rows[0].split(" | ")[:4] == ["| Expire-Span", "0", "0.00M", "2k"]
-    assert rows[0].endswith("| 18.0 | yes |")
-    assert rows[1].startswith("| Transformer-XL L=50 | 1 |") and rows[1].endswith("| no |")
+    assert rows[0].endswith("| 18.0 | yes | 0.99 greedy | 12.3 |")  # (its eval.json)
+    assert rows[1].startswith("| Transformer-XL L=50 | 1 |") and rows[1].endswith("| no | - | - |")
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
