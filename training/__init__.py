@@ -6,7 +6,7 @@ A loop uses them in this order:
     @exit_on_config_error                 # ConfigError -> one line on stderr, exit code 2
     def main(cfg):
         cfg, checkpoint = resumed_run(cfg)  # checkpoint None unless resume; then cfg is
-                                            # the saved run's but for RESUMABLE fields given
+                                          # the saved run's but for RESUMABLE fields given
         check_config(cfg)                 # the trainer's: check_choice / check_positive / ...
         with ExitStack() as resources:    # closes what is opened on every way out
             dist, run_dir = start_run(resources, cfg, checkpoint)  # processes, threads, heap,
