@@ -543,7 +543,7 @@ def report_trained_model(
     result = evaluate_split(model, data, cfg.eval.split, cfg.eval.tokens, cfg.eval_batch_size, dist)
     if not dist.is_main:
         return
-    result.update(step=step, checkpoint=str(run_dir / CHECKPOINT_FILE))
+    result.update(step=step, checkpoint=CHECKPOINT_FILE)  # beside eval.json: no host path
     records = read_metrics(run_dir / METRICS_FILE)
     curves = plot_curves([(cfg.memory.kind, records)], lm_panels(f"valid_{data.metric}"), "updates")
     save_report(run_dir, result, curves)

@@ -268,7 +268,7 @@ def test_a_finished_run_scores_the_test_split_as_eval_mode_does_and_draws_its_cu
     scored = json.loads(result.stdout.strip().splitlines()[-1])
     assert finished["step"] == scored["step"] == 300 and finished["tokens"] == scored["tokens"]
     assert finished["test_bpb"] == pytest.approx(scored["test_bpb"], rel=1e-5)
-    assert finished["checkpoint"] == str(text_run / "checkpoint.pt")
+    assert finished["checkpoint"] == "checkpoint.pt"  # the run directory's, beside eval.json
     assert (text_run / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     summary = f"test_bpb: {finished['test_bpb']:.4f} over {finished['tokens']:,} tokens"
     assert (
