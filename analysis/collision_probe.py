@@ -37,7 +37,7 @@ from lm.collision import (
     split_world,
 )
 from lm.data import IGNORE
-from lm.model import LanguageModel, trained_model
+from lm.model import LanguageModel, greedy_predictions, trained_model
 from lm.tasks import task_options
 from training import load_checkpoint
 from training.config import exit_on_config_error
@@ -119,7 +119,6 @@ def easy_error_groups(
     return group_errors(groups, wrong)
 
 
-@torch.no_grad()
 def predicted_quadrants(
     model: LanguageModel, inputs: np.ndarray, rules: CollisionRules, rows: int
 ) -> np.ndarray:
@@ -128,15 +127,9 @@ def predicted_quadrants(
     is wrong, as in evaluation)."""
     vocab, step_len = model.head.out_features, rules.tokens_per_step
     per_row = len(inputs) // step_len // rows
-    tokens = torch.from_numpy(inputs[: rows * per_row * step_len].astype(np.int64))
-    tokens = tokens.view(rows, per_row * step_len)
-    state, answers = model.initial_state(rows), []
-    for start in range(0, tokens.shape[1], model.cfg.block_len):
-        logits, out = model(tokens[:, start : start + model.cfg.block_len], state)
-        state = out.state
-        answers.append(logits.argmax(-1) - (vocab - NUM_QUADRANTS))  # another token: wrong
-    slots = torch.cat(answers, dim=1).view(rows * per_row, step_len)
-    return slots[:, -rules.answers_per_step :].numpy()
+    tokens = inputs[: rows * per_row * step_len].reshape(rows, per_row * step_len)
+    quadrants = greedy_predictions(model, tokens) - (vocab - NUM_QUADRANTS)  # another token: wrong
+    return quadrants.reshape(rows * per_row, step_len)[:, -rules.answers_per_step :]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,6 +33,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -336,6 +337,25 @@ def encode_story(story: Story, vocab: list[str]) -> Split:
     return Split(split.inputs, split.targets, answer_id)
 
 
+SPLITS = ("train", "valid", "test")
+
+
+def split_seed(seed: int, split: str | None) -> list[int]:
+    """The generator seed of one split of the task made from `seed`; None: of its world."""
+    return [seed, 0 if split is None else 1 + SPLITS.index(split)]
+
+
+def split_story(options: dict[str, Any], split: str) -> Story:
+    """The story behind a split of `load_instruction(**options)`, for analyses that need more
+    than its tokens (which instruction an execution carries out, and how far back it was)."""
+    rules = WorldRules(**{name: options[name] for name in WorldRules.__dataclass_fields__})
+    seed, file = options["seed"], options["distractor_file"]
+    utterances = None if file is None else read_utterances(file)
+    homes = make_world(rules, np.random.default_rng(split_seed(seed, None)))
+    rng = np.random.default_rng(split_seed(seed, split))
+    return StoryWriter(rules, homes, rng, utterances).write(options[f"{split}_tokens"])
+
+
 def load_instruction(
     mean_distance: int = 950,
     train_tokens: int = 2_000_000,
@@ -367,12 +387,12 @@ def load_instruction(
     }
 
     def build() -> TaskData:
-        homes = make_world(rules, np.random.default_rng([seed, 0]))
+        homes = make_world(rules, np.random.default_rng(split_seed(seed, None)))
         vocab = build_vocab(utterances, max_vocab)
         splits, distances = {}, []
-        for index, (split, count) in enumerate(sizes.items(), start=1):
-            writer = StoryWriter(rules, homes, np.random.default_rng([seed, index]), utterances)
-            story = writer.write(count)
+        for split, count in sizes.items():
+            rng = np.random.default_rng(split_seed(seed, split))
+            story = StoryWriter(rules, homes, rng, utterances).write(count)
             splits[split] = encode_story(story, vocab)
             distances += [i.executed[0] - i.given_end for i in story.instructions if i.executed]
         info = params | {

@@ -10,6 +10,7 @@ and plain values and back, so a checkpoint can hold it and a resumed run continu
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -44,3 +45,16 @@ def trained_model(checkpoint: dict) -> LanguageModel:
     model = LanguageModel(len(checkpoint["vocab"]), MemoryConfig(**checkpoint["config"]["memory"]))
     model.load_state_dict(checkpoint["model"])
     return model.eval()
+
+
+@torch.no_grad()
+def greedy_predictions(model: LanguageModel, inputs: np.ndarray) -> np.ndarray:
+    """The most likely next token at every position of `inputs` (rows, length), each row read
+    from an empty memory in blocks of K as evaluation reads it; for analyses of a model."""
+    tokens = torch.from_numpy(inputs.astype(np.int64))
+    state, predictions = model.initial_state(len(tokens)), []
+    for start in range(0, tokens.shape[1], model.cfg.block_len):
+        logits, out = model(tokens[:, start : start + model.cfg.block_len], state)
+        state = out.state
+        predictions.append(logits.argmax(-1))
+    return torch.cat(predictions, dim=1).numpy()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from analysis import collision_probe as probe
+from analysis import instruction_probe
 from lm import (
     IGNORE,
     DataNotFoundError,
@@ -20,7 +21,8 @@ from lm import (
 )
 from lm import collision as col
 from lm.data import _load_enwik8, load_enwik8
-from lm.instruction import NEWLINE, UNK, Story, encode_story, load_instruction
+from lm.instruction import NEWLINE, UNK, Story, encode_story, load_instruction, split_story
+from lm.tasks import task_options
 
 # ------------------------------------------------------------------ format and metric
 
@@ -543,6 +545,58 @@ def test_instructions_are_executed_where_the_receiver_is_after_the_configured_di
         positions = np.flatnonzero(data.train.answer_id == span)
         assert positions[0] == start - 1
         assert data.decode(data.train.targets[positions]) == line
+
+
+@pytest.mark.parametrize("split", ["train", "valid", "test"])
+def test_split_story_is_the_story_behind_each_split(split):
+    options = task_options("instruction") | dict(
+        mean_distance=100, train_tokens=4000, valid_tokens=3000, test_tokens=2000, seed=3
+    )
+    data = load_task("instruction", **options)
+    story = split_story(options, split)
+    again, expected = encode_story(story, data.vocab), getattr(data, split)
+    for name in ("inputs", "targets", "answer_id"):
+        np.testing.assert_array_equal(getattr(again, name), getattr(expected, name))
+    assert sum(i.executed is not None for i in story.instructions) == expected.num_answers > 5
+
+
+def test_instruction_probe_scores_each_part_and_distance_of_the_executions():
+    """Right predictions everywhere score 1; a wrong sender in every other execution halves
+    the sender's and the whole line's accuracy and leaves the other parts right."""
+    options = task_options("instruction") | dict(
+        mean_distance=200, train_tokens=1000, valid_tokens=20_000, test_tokens=1000
+    )
+    data = load_task("instruction", **options)
+    story = split_story(options, "valid")
+    executed = [i for i in story.instructions if i.executed is not None]
+    predicted = data.valid.targets.astype(np.int64).copy()
+    result = instruction_probe.execution_accuracy(story.instructions, data.valid, predicted, 64)
+    assert result["count"] == len(executed) == data.valid.num_answers > 20
+    assert result["accuracy"] == 1.0
+    assert {part: r["accuracy"] for part, r in result["parts"].items()} == dict.fromkeys(
+        instruction_probe.PARTS, 1.0
+    )
+    distances = np.array([i.executed[0] - i.given_end for i in executed])
+    assert 64 <= distances.min() and distances.max() < 512  # blocks of 64: bins 1, 2, 4, 8 K
+    edges = (64, 128, 256, 512)
+    expected = {f"{lo}-{hi - 1}": int(((distances >= lo) & (distances < hi)).sum())
+                for lo, hi in zip(edges, edges[1:], strict=False)}  # fmt: skip
+    counts = {name: r["count"] for name, r in result["by_distance"].items()}
+    assert counts == {name: n for name, n in expected.items() if n}
+    for instruction in executed[::2]:  # the sender's first word, wrong
+        offset = instruction_probe.part_offsets(instruction)["sender"].start
+        predicted[instruction.executed[0] - 1 + offset] += 1
+    result = instruction_probe.execution_accuracy(story.instructions, data.valid, predicted, 64)
+    halved = (len(executed) // 2) / len(executed)
+    assert result["accuracy"] == result["parts"]["sender"]["accuracy"] == pytest.approx(halved)
+    assert result["parts"]["whether"]["accuracy"] == result["parts"]["receiver"]["accuracy"] == 1
+    assert result["accuracy"] == pytest.approx(answer_accuracy(predicted, data.valid))
+    # an execution cut by the end of what was read is not scored
+    cut = executed[-1].executed[0] + 1
+    shorter = instruction_probe.execution_accuracy(
+        story.instructions, data.valid, predicted[:cut], 64
+    )
+    assert shorter["count"] == len(executed) - 1
 
 
 def test_default_instruction_distance_is_about_950_tokens():

@@ -21,8 +21,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from tiny_rl import STEPS_PER_UPDATE, TINY_RL
 
-from analysis import collision_probe, visualize
-from lm import IGNORE
+from analysis import collision_probe, instruction_probe, visualize
+from lm import IGNORE, load_task
 from lm.collision import CollisionRules, baseline_errors, simulate, split_seed
 from scripts import load_script, record_closing
 from training import ConfigError, DistInfo, resumed_config, save_checkpoint
@@ -365,6 +365,25 @@ def test_collision_runs_log_the_baselines_of_the_split_they_score(
         assert probe["?last"]["count"] + probe["?recent"]["count"] == probe["all"]["count"]
 
 
+def test_instruction_probe_reads_the_split_as_evaluation_does(
+    tmp_path, cache_dir, monkeypatch, capsys
+):
+    """With the run's rows and prefix, the probe scores the executions evaluation scored."""
+    monkeypatch.chdir(tmp_path)  # the run directory outside Hydra
+    task = ["task=instruction", "task.mean_distance=40", "task.train_tokens=4000"]
+    task += ["task.valid_tokens=6000", "task.test_tokens=500", f"task.cache_dir={cache_dir}"]
+    cfg = compose_config(*SMALL, *task, "total_steps=30", "valid_prefix=4000", "lr=1e-2")
+    train_lm.train(cfg, None)
+    assert instruction_probe.main([str(tmp_path), "--rows", "4", "--tokens", "4000"]) == 0
+    probe = json.loads(capsys.readouterr().out)
+    last = metrics(tmp_path)[-1]
+    assert probe["accuracy"] == pytest.approx(last["valid_accuracy"])
+    options = dict(mean_distance=40, train_tokens=4000, valid_tokens=6000, test_tokens=500)
+    valid = load_task("instruction", **options, cache_dir=cache_dir).valid
+    assert probe["count"] == valid.head(4000).num_answers > 5
+    assert sum(group["count"] for group in probe["by_distance"].values()) == probe["count"]
+
+
 @pytest.mark.slow  # (a step of the paper's model takes seconds)
 def test_the_papers_instruction_model_trains_a_step(tmp_path, cache_dir, monkeypatch):
     """`+model=paper_instruction` is the paper's model (A.3.2), and it runs."""
@@ -643,11 +662,14 @@ def test_visualization_reads_a_split_of_the_trained_task(text_run, tmp_path):
 
 
 @pytest.mark.slow
-def test_collision_probe_refuses_a_model_of_another_task(text_run, capsys):
+@pytest.mark.parametrize(
+    "probe, task", [(collision_probe, "collision"), (instruction_probe, "instruction")]
+)
+def test_probes_refuse_a_model_of_another_task(probe, task, text_run, capsys):
     with pytest.raises(SystemExit) as stopped:
-        collision_probe.main([str(text_run)])
+        probe.main([str(text_run)])
     assert stopped.value.code == 2
-    assert "not a model of the collision task" in capsys.readouterr().err
+    assert f"not a model of the {task} task" in capsys.readouterr().err
 
 
 def test_visualization_refuses_models_without_expire_spans(tmp_path, capsys):
@@ -673,8 +695,12 @@ def rl_run(tmp_path_factory):
 
 @pytest.mark.parametrize(
     "tool, args",
-    [(visualize, ["--split", "valid", "--out", "spans"]), (collision_probe, [])],
-    ids=["visualize", "collision_probe"],
+    [
+        (visualize, ["--split", "valid", "--out", "spans"]),
+        (collision_probe, []),
+        (instruction_probe, []),
+    ],
+    ids=["visualize", "collision_probe", "instruction_probe"],
 )
 @pytest.mark.slow
 def test_language_model_tools_refuse_an_rl_run_in_one_line(tool, args, rl_run, capsys):
