@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Choosing the scale of the language-model comparisons on the tuning seed (docs/results.md,
-# "Language models"): the instruction task at a mean distance of four times what a block's
-# relative positions reach (512 tokens with blocks of 128; 256 with blocks of 64, `k64`), with
-# Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span; the
-# easy collision task on a 6 x 6 grid with Transformer-XL at L = 512 and Expire-Span at
-# L = 2048. The small model of configs/lm.yaml, 3,000 updates each, seed 0; LANES at a time
-# with one thread each.
+# "Language models"): the easy collision task on a 6 x 6 grid (Transformer-XL at L = 512,
+# Expire-Span at L = 2048), and the instruction task at a mean distance of four times what a
+# block's relative positions reach (256 with blocks of 64, `k64`; 512 with blocks of 128), with
+# Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span. The
+# small model of configs/lm.yaml, 3,000 updates each unless a name says (`u6000`), seed 0;
+# LANES at a time with one thread each.
 #   bash scripts/lm_tuning.sh [LANES] [RUNS]
 #   python -m analysis.plot docs/results/lm_tuning --out docs/results/lm_tuning --markdown
 # Runs go to RUNS (runs/lm-sweeps/tuning), each finished one's files to docs/results/lm_tuning/
@@ -15,19 +15,24 @@ source "$(dirname "$0")/lanes.sh"
 
 names=(
     instruction-d256k64-transformer_xl-512-0
-    instruction-d512-transformer_xl-1024-0
     collision_easy-g6-transformer_xl-512-0
-    instruction-d256k64-expire_span-1024-0
-    instruction-d512-expire_span-2048-0
+    instruction-d256k64u6000-transformer_xl-512-0
     collision_easy-g6-expire_span-2048-0
-    instruction-d256k64-transformer_xl-128-0
+    instruction-d256k64u6000-expire_span-1024-0
+    instruction-d256k64u6000-transformer_xl-128-0
+    instruction-d512-transformer_xl-1024-0
+    instruction-d512-expire_span-2048-0
     instruction-d512-transformer_xl-256-0
 )
 
-run_args() {  # NAME -> its overrides
-    local task size memory span seed distance block=""
+run_args() {  # NAME -> its overrides; size: d<distance>[k<block>][u<updates>] or g<grid>
+    local task size memory span seed distance block="" updates=3000
     IFS=- read -r task size memory span seed <<<"$1"
-    local common="memory=$memory memory.max_span=$span seed=$seed total_steps=3000"
+    if [[ $size == *u* ]]; then
+        updates=${size#*u}
+        size=${size%u*}
+    fi
+    local common="memory=$memory memory.max_span=$span seed=$seed total_steps=$updates"
     common+=" log_interval=50 eval_interval=250 checkpoint_interval=250"
     case $task in
         instruction)
