@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The paper's figure 4 (right) at a CPU scale (docs/results.md, "Instruction task"): execution
+# accuracy against average memory size on the instruction task at a mean distance of 256
+# tokens with blocks of 64 (four times what a block's relative positions reach, so a memory
+# short of the distance cannot execute), the small model of configs/lm.yaml, 6,000 updates a
+# run (the scale chosen on seed 0 by scripts/lm_tuning.sh): Expire-Span at L = 1024 on seeds
+# 200-204; Transformer-XL at L = 64, 128, 256, 512 and 1024, Adaptive-Span at L = 1024 and
+# Compressive at L = 256 (with as many compressed memories, each pooling 4) on seeds 200-202.
+# LANES at a time with one thread each.
+#   bash scripts/instruction_memory.sh [LANES] [RUNS]
+#   python -m analysis.plot docs/results/instruction --out docs/results/instruction --markdown
+#   python -m analysis.instruction_probe RUNS/NAME   # which part of an execution fails, and where
+# Runs go to RUNS (runs/lm-sweeps/instruction), each finished one's files to
+# docs/results/instruction/NAME (scripts/lanes.sh: the same command carries on).
+set -euo pipefail
+source "$(dirname "$0")/lanes.sh"
+
+settings=(expire_span-1024 transformer_xl-64 transformer_xl-128 transformer_xl-256
+    transformer_xl-512 transformer_xl-1024 adaptive_span-1024 compressive-256)
+names=()
+for seed in 200 201 202; do
+    for setting in "${settings[@]}"; do names+=("$setting-$seed"); done
+done
+names+=(expire_span-1024-203 expire_span-1024-204)
+
+run_args() {  # NAME -> its overrides
+    local memory span seed
+    IFS=- read -r memory span seed <<<"$1"
+    echo "train_lm.py task=instruction task.mean_distance=256 memory.block_len=64" \
+        "memory=$memory memory.max_span=$span seed=$seed total_steps=6000" \
+        "log_interval=50 eval_interval=250 checkpoint_interval=250"
+}
+
+run_lanes "${1:-1}" "${2:-runs/lm-sweeps/instruction}" docs/results/instruction
