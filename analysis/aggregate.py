@@ -189,6 +189,50 @@ def improvement_intervals(
     }
 
 
+def setting_comparisons(
+    finals: dict[str, Sequence[float]],
+    references: Sequence[str],
+    lower_is_better: bool = False,
+    reps: int = BOOTSTRAP_REPS,
+) -> dict[tuple[str, str], tuple[float, float, float]]:
+    """One task's settings (e.g. "Expire-Span 1024", "Transformer-XL 512"), each with the final
+    metric of its runs: for each setting of `references` and each other setting, the
+    probability that the reference improves on it (a run of it ends better than a run of the
+    other, ties counting half) and its 95% bootstrap interval. The probability depends on
+    order only, so the metric needs no range: an error or bits per byte is turned round."""
+    from rliable import metrics
+
+    sign = -1.0 if lower_is_better else 1.0
+    columns = {
+        name: sign * np.asarray(values, dtype=float)[:, None] for name, values in finals.items()
+    }
+    return {
+        (reference, other): _bootstrap(
+            (columns[reference], columns[other]), metrics.probability_of_improvement, reps
+        )
+        for reference in references
+        for other in finals
+        if other != reference
+    }
+
+
+def comparison_markdown(comparisons: dict[tuple[str, str], tuple[float, float, float]]) -> str:
+    """The comparisons as a table: a row per reference setting, a column per other setting."""
+    references = list(dict.fromkeys(reference for reference, _ in comparisons))
+    others = list(dict.fromkeys(other for _, other in comparisons))
+    rows = ["| P(row > column) [95% CI] | " + " | ".join(others) + " |"]
+    rows.append("|---|" + "---|" * len(others))
+    for reference in references:
+        cells = []
+        for other in others:
+            interval = comparisons.get((reference, other))
+            cells.append(
+                "" if interval is None else f"{_interval_text(interval)}: {verdict(interval)}"
+            )
+        rows.append(f"| {reference} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def verdict(interval: tuple[float, float, float]) -> str:
     """What a probability-of-improvement interval shows: better, worse, or not resolved."""
     _, low, high = interval

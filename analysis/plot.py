@@ -15,7 +15,10 @@ a single run directory, or a directory holding several of either. Writes to OUT_
   only in their span (e.g. Transformer-XL at several spans) are joined by a line;
 - overview.png, all those panels side by side, when there are several.
 
-`--markdown` prints the settings as markdown tables, one per figure, and where there are several
+`--markdown` prints the settings as markdown tables, one per figure, each followed, where the
+figure has an Expire-Span setting and another, by the probability that a run of each
+Expire-Span setting ends better than a run of every other setting, with its 95% bootstrap
+interval (rliable; the "beats" or "matches" of a single task), and where there are several
 figures (a suite of tasks) one more, a row per task and a column per memory setting; for RL runs
 over several tasks also the rliable aggregate (`analysis.aggregate`: normalised final scores and
 POPGym's MMER per task, IQM and probability of improvement across seeds and learned tasks), and
@@ -62,11 +65,15 @@ from omegaconf import OmegaConf
 
 from agents import BASELINE_KINDS
 from analysis.aggregate import (
+    BOOTSTRAP_REPS,
     NORMALISED,
+    REFERENCE_KIND,
     AggregateError,
     aggregate_markdown,
+    comparison_markdown,
     plot_aggregate,
     score_run,
+    setting_comparisons,
 )
 from analysis.runs import LM, run_kind
 from envs.registry import NAMED_ENVS
@@ -78,6 +85,7 @@ MEMORY_SIZE = "memory_size"
 EVAL_PREFIXES = ("valid_", "test_")  # metrics from full evaluation passes: the last one counts
 RUNNING_MAXIMA = ("mmer",)  # the best so far: the last one counts too
 TEXT_TASKS = ("enwik8", "text")
+LOWER_BETTER = ("error", "bpb", "loss")  # metrics (by their ending) where less is better
 RETURN = "return"  # the interval mean episode return, the series MMER is the maximum of
 HOLD_TOLERANCE = 0.1  # POPGym returns are normalised and success is a rate: a tenth is a real drop
 # An interval within this of the best has reached it: a plateau's interval means differ by noise,
@@ -759,10 +767,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("\n".join(map(str, written)), file=sys.stderr if args.markdown else sys.stdout)
     if args.markdown:
         figures = _by_figure(settings)
-        tables = [
-            f"{group}, {metric}:\n\n{markdown_table(panel)}"
-            for (group, metric), panel in figures.items()
-        ]
+        tables = []
+        for (group, metric), panel in figures.items():
+            tables.append(f"{group}, {metric}:\n\n{markdown_table(panel)}")
+            if compared := comparison_table(panel):
+                tables.append(compared)
         if len(figures) > 1:
             tables.append(f"Every task:\n\n{task_table(settings)}")
             try:
@@ -774,6 +783,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                 _warn("no aggregate across tasks", [str(error)])
         print("\n\n".join(tables))
     return 0
+
+
+def comparison_table(panel: Sequence[Setting]) -> str | None:
+    """One figure's Expire-Span settings against each other setting: the probability that a run
+    of one ends better than a run of the other, with its bootstrap interval (`analysis.aggregate`
+    and rliable); None without Expire-Span and another setting, or without rliable."""
+    references = [s for s in panel if s.kind == REFERENCE_KIND]
+    if not references or len(panel) < 2 or not installed("rliable"):
+        return None
+    metric = panel[0].metric
+    finals = {_column_label(s): [run.final for run in s.runs] for s in panel}
+    comparisons = setting_comparisons(
+        finals,
+        [_column_label(s) for s in references],
+        lower_is_better=metric.endswith(LOWER_BETTER),
+    )
+    return (
+        f"{panel[0].group}, {metric}: each Expire-Span setting against every other, over their "
+        f"runs' final {metric} (rliable, {BOOTSTRAP_REPS} bootstrap samples):\n\n"
+        + comparison_markdown(comparisons)
+    )
 
 
 def write_aggregate(settings: Sequence[Setting], out_dir: Path) -> tuple[str, Path | None]:

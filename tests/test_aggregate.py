@@ -13,6 +13,7 @@ from analysis.aggregate import (
     AggregateError,
     RunScore,
     aggregate_markdown,
+    comparison_markdown,
     final_mean,
     improvement_intervals,
     iqm_intervals,
@@ -20,6 +21,7 @@ from analysis.aggregate import (
     normalise,
     popgym_mmer,
     score_matrices,
+    setting_comparisons,
     verdict,
 )
 from analysis.plot import main
@@ -93,6 +95,21 @@ def test_probability_of_improvement_counts_wins_and_half_ties():
     assert verdict((0.1, 0.0, 0.3)) == "trails"
 
 
+def test_settings_of_one_task_are_compared_by_order_whatever_their_counts():
+    """Five runs against three, on an error (lower is better): the probability counts wins of
+    the reference's runs over the other's, ties half, and turns round for an error."""
+    finals = {"ES 1024": [0.1, 0.2, 0.15, 0.3, 0.05], "TXL 512": [0.4, 0.2, 0.5]}
+    result = setting_comparisons(finals, ["ES 1024"], lower_is_better=True, reps=REPS)
+    wins = sum((a < b) + 0.5 * (a == b) for a in finals["ES 1024"] for b in finals["TXL 512"])
+    point, low, high = result["ES 1024", "TXL 512"]
+    assert point == pytest.approx(wins / 15) and low <= point <= high
+    flipped = setting_comparisons(finals, ["ES 1024"], lower_is_better=False, reps=REPS)
+    assert flipped["ES 1024", "TXL 512"][0] == pytest.approx(1 - wins / 15)
+    table = comparison_markdown(result)
+    assert table.splitlines()[0] == "| P(row > column) [95% CI] | TXL 512 |"
+    assert table.splitlines()[2].startswith(f"| ES 1024 | {point:.3f} [")
+
+
 def test_uneven_runs_per_task_cannot_be_stratified():
     runs = scores("a", "gru", [0.5, 0.6]) + scores("b", "gru", [0.5])
     with pytest.raises(AggregateError, match="as many runs"):
@@ -153,3 +170,23 @@ def test_an_interval_is_the_same_twice_and_whatever_else_is_compared():
     assert (
         iqm_intervals({"gru": matrices["gru"]}, REPS)["gru"] == iqm_intervals(matrices, REPS)["gru"]
     )
+
+
+@pytest.mark.slow
+def test_the_plot_command_compares_expire_span_with_each_setting_of_an_lm_task(tmp_path, capsys):
+    """An LM figure (one task, error): every Expire-Span setting against every other setting."""
+    errors = {("expire_span", 512): 0.3, ("expire_span", 1024): 0.2, ("transformer_xl", 512): 0.4}
+    for (kind, span), error in errors.items():
+        for seed in range(3):
+            cfg = {"task": {"name": "collision"}, "memory": {"kind": kind, "max_span": span}}
+            records = [{"step": 250, "valid_error": error + 0.01 * seed, "valid_memory_size": 9.0}]
+            make_run(tmp_path / "runs" / f"{kind}-{span}-{seed}", {**cfg, "seed": seed}, records)
+    argv = [str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--markdown"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "each Expire-Span setting against every other" in out
+    rows = {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| Expire")}
+    header = next(line for line in out.splitlines() if line.startswith("| P(row > column)"))
+    assert header.count("|") == 5  # three other settings for each row (two of them Expire-Span)
+    assert "1.000 [1.000, 1.000]: improves" in rows["| Expire-Span 1024"]  # beats both others
+    assert "0.000 [0.000, 0.000]: trails" in rows["| Expire-Span 512"]  # trails ES 1024
