@@ -27,7 +27,7 @@ import sys
 import numpy as np
 import torch
 
-from analysis.runs import LM, require_run_kind
+from analysis.runs import task_model
 from lm.collision import (
     NUM_QUADRANTS,
     CollisionRules,
@@ -38,8 +38,6 @@ from lm.collision import (
 )
 from lm.data import IGNORE
 from lm.model import LanguageModel, greedy_predictions, trained_model
-from lm.tasks import task_options
-from training import load_checkpoint
 from training.config import exit_on_config_error
 
 AGE_BINS = (0, 16, 64, 512)  # steps back: within a block of 128 tokens, of 512, of 4,096 ...
@@ -140,14 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    checkpoint = load_checkpoint(args.checkpoint)
-    if checkpoint is None:
-        parser.error(f"{args.checkpoint}: no checkpoint file there")
-    require_run_kind(parser.prog, args.checkpoint, checkpoint.get("config", {}), LM)
-    task = dict(checkpoint["config"]["task"])
-    if task.pop("name") != "collision":
-        parser.error(f"{args.checkpoint} is not a model of the collision task")
-    world, rules = split_world(task_options("collision") | task, args.split)
+    checkpoint, options = task_model(parser, args.checkpoint, "collision")
+    world, rules = split_world(options, args.split)
     model = trained_model(checkpoint)
     predicted = predicted_quadrants(model, encode(world, rules).inputs, rules, args.rows)
     if rules.hard:

@@ -28,12 +28,10 @@ import sys
 import numpy as np
 import torch
 
-from analysis.runs import LM, require_run_kind
+from analysis.runs import task_model
 from lm.data import IGNORE, Split
 from lm.instruction import Instruction, encode_story, split_story, tokenize
 from lm.model import greedy_predictions, trained_model
-from lm.tasks import task_options
-from training import load_checkpoint
 from training.config import exit_on_config_error
 
 PARTS = ("whether", "receiver", "sender")
@@ -96,14 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    checkpoint = load_checkpoint(args.checkpoint)
-    if checkpoint is None:
-        parser.error(f"{args.checkpoint}: no checkpoint file there")
-    require_run_kind(parser.prog, args.checkpoint, checkpoint.get("config", {}), LM)
-    task = dict(checkpoint["config"]["task"])
-    if task.pop("name") != "instruction":
-        parser.error(f"{args.checkpoint} is not a model of the instruction task")
-    options = task_options("instruction") | task
+    checkpoint, options = task_model(parser, args.checkpoint, "instruction")
     story = split_story(options, args.split)
     split = encode_story(story, checkpoint["vocab"])
     rows = (split.head(args.tokens) if args.tokens else split).batchify(args.rows)

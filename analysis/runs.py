@@ -4,6 +4,7 @@ inside on a config key that only the other trainer writes."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Mapping
@@ -13,7 +14,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from training import CONFIG_FILE
+from lm.tasks import task_options
+from training import CONFIG_FILE, load_checkpoint
 from training.config import CONFIG_ERROR_EXIT_CODE
 
 
@@ -91,3 +93,19 @@ def require_run_kind(
     except RunKindError as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         sys.exit(CONFIG_ERROR_EXIT_CODE)
+
+
+def task_model(
+    parser: argparse.ArgumentParser, path: str, task: str
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A probe's input: the checkpoint of a language model of `task` (a file or run directory)
+    and that task's options (its defaults, then the run's). No checkpoint, an RL run or a
+    model of another task ends the command with one line."""
+    checkpoint = load_checkpoint(path)
+    if checkpoint is None:
+        parser.error(f"{path}: no checkpoint file there")
+    require_run_kind(parser.prog, path, checkpoint.get("config", {}), LM)
+    options = dict(checkpoint["config"]["task"])
+    if options.pop("name") != task:
+        parser.error(f"{path} is not a model of the {task} task")
+    return checkpoint, task_options(task) | options
