@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Choosing the scale of the language-model comparisons on the tuning seed (docs/results.md,
 # "Language models"): the easy collision task on a 6 x 6 grid (Transformer-XL at L = 512,
-# Expire-Span at L = 2048), and the instruction task at a mean distance of four times what a
+# Expire-Span at L = 2048; on a 4 x 4 grid, where collisions are dense, whether the model learns
+# to find one at all), and the instruction task at a mean distance of four times what a
 # block's relative positions reach (256 with blocks of 64, `k64`; 512 with blocks of 128), with
 # Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span. The
 # small model of configs/lm.yaml, 3,000 updates each unless a name says (`u6000`), seed 0;
@@ -17,8 +18,9 @@ names=(
     instruction-d256k64-transformer_xl-512-0
     collision_easy-g6-transformer_xl-512-0
     instruction-d256k64u6000-transformer_xl-512-0
-    collision_easy-g6-expire_span-2048-0
     instruction-d256k64u6000-expire_span-1024-0
+    collision_easy-g4u1500-transformer_xl-512-0
+    collision_easy-g6-expire_span-2048-0
     instruction-d256k64u6000-transformer_xl-128-0
     instruction-d512-transformer_xl-1024-0
     instruction-d512-expire_span-2048-0
