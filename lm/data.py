@@ -241,17 +241,7 @@ def _load_enwik8(data_dir: str | os.PathLike, split_sizes: tuple[int, int, int])
             f"{source} holds {data.size:,} bytes, enwik8 has {total:,}: the file looks "
             f"truncated; download {ENWIK8_URL} again"
         )
-    n_train, n_valid, _ = split_sizes
-    train, valid, test = np.split(data, [n_train, n_train + n_valid])
-    return TaskData(
-        name="enwik8",
-        vocab=BYTE_VOCAB,
-        train=next_token_split(train),
-        valid=next_token_split(valid),
-        test=next_token_split(test),
-        metric="bpb",
-        info={"source": str(source), "split_bytes": list(split_sizes)},
-    )
+    return _byte_task("enwik8", data, split_sizes, source)
 
 
 def _read_enwik8_zip(path: Path) -> bytes:
@@ -298,15 +288,23 @@ def load_text(
             f"fractions {valid_fraction}/{test_fraction}: every split needs at least 2 bytes; "
             "use a bigger file"
         )
-    train, valid, test = np.split(data, [n_train, n_train + n_valid])
+    return _byte_task("text", data, (n_train, n_valid, n_test), path)
+
+
+def _byte_task(
+    name: str, data: np.ndarray, split_bytes: tuple[int, int, int], source: Path
+) -> TaskData:
+    """Bytes cut into train, valid and test, in that order, scored in bits per byte."""
+    n_train, n_valid, n_test = split_bytes
+    train, valid, test = np.split(data[: n_train + n_valid + n_test], [n_train, n_train + n_valid])
     return TaskData(
-        name="text",
+        name=name,
         vocab=BYTE_VOCAB,
         train=next_token_split(train),
         valid=next_token_split(valid),
         test=next_token_split(test),
         metric="bpb",
-        info={"source": str(path), "split_bytes": [n_train, n_valid, n_test]},
+        info={"source": str(source), "split_bytes": list(split_bytes)},
     )
 
 
