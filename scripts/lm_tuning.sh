@@ -18,8 +18,8 @@ names=(
     instruction-d256k64-transformer_xl-512-0
     collision_easy-g6-transformer_xl-512-0
     instruction-d256k64u6000-transformer_xl-512-0
-    instruction-d256k64u6000-expire_span-1024-0
     collision_easy-g4u1500-transformer_xl-512-0
+    instruction-d256k64u6000-expire_span-1024-0
     collision_easy-g6-expire_span-2048-0
     instruction-d256k64u6000-transformer_xl-128-0
     instruction-d512-transformer_xl-1024-0
