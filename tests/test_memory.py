@@ -18,13 +18,7 @@ TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
 KINDS = kind_names()
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny tensors: one thread is fastest and immune to a busy second core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def make_core(kind: str, **overrides) -> MemoryTransformer:

@@ -18,13 +18,7 @@ from memory.expire_span import (
     expire_span_loss,
 )
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def small_core(kind: str, **fields) -> MemoryTransformer:
