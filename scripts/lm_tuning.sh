@@ -5,7 +5,7 @@
 # to find one at all), and the instruction task at a mean distance of four times what a
 # block's relative positions reach (256 with blocks of 64, `k64`; 512 with blocks of 128), with
 # Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span. The
-# small model of configs/lm.yaml, 3,000 updates each unless a name says (`u6000`), seed 0;
+# small model of configs/lm.yaml, 3,000 updates each unless a name says (`u6000`, `u1500`), seed 0;
 # LANES at a time with one thread each.
 #   bash scripts/lm_tuning.sh [LANES] [RUNS]
 #   python -m analysis.plot docs/results/lm_tuning --out docs/results/lm_tuning --markdown
@@ -19,9 +19,9 @@ names=(
     collision_easy-g6-transformer_xl-512-0
     instruction-d256k64u6000-transformer_xl-512-0
     collision_easy-g4u1500-transformer_xl-512-0
-    instruction-d256k64u6000-expire_span-1024-0
+    instruction-d256k64-expire_span-1024-0
     collision_easy-g6-expire_span-2048-0
-    instruction-d256k64u6000-transformer_xl-128-0
+    instruction-d256k64-transformer_xl-128-0
     instruction-d512-transformer_xl-1024-0
     instruction-d512-expire_span-2048-0
     instruction-d512-transformer_xl-256-0
