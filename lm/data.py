@@ -295,8 +295,8 @@ def _byte_task(
     name: str, data: np.ndarray, split_bytes: tuple[int, int, int], source: Path
 ) -> TaskData:
     """Bytes cut into train, valid and test, in that order, scored in bits per byte."""
-    n_train, n_valid, n_test = split_bytes
-    train, valid, test = np.split(data[: n_train + n_valid + n_test], [n_train, n_train + n_valid])
+    n_train, n_valid, _ = split_bytes  # test: the rest (the callers cut data to size)
+    train, valid, test = np.split(data, [n_train, n_train + n_valid])
     return TaskData(
         name=name,
         vocab=BYTE_VOCAB,
