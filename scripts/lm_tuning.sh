@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Choosing the scale of the language-model comparisons on the tuning seed (docs/results.md,
-# "Language models"): the easy collision task on a 6 x 6 grid (Transformer-XL at L = 512,
-# Expire-Span at L = 2048; on a 4 x 4 grid, where collisions are dense, whether the model learns
-# to find one at all), and the instruction task at a mean distance of four times what a
-# block's relative positions reach (256 with blocks of 64, `k64`; 512 with blocks of 128), with
+# "Language models"): the easy collision task (on a 6 x 6 grid, Transformer-XL at L = 512; on
+# a 4 x 4 grid, where collisions are dense, whether the model learns to find one at all; on a
+# 5 x 5 grid, the smallest where the last collision is usually beyond a block's relative
+# positions), and the instruction task at a mean distance of four times what a block's
+# relative positions reach (256 with blocks of 64, `k64`; 512 with blocks of 128), with
 # Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span. The
 # small model of configs/lm.yaml, 3,000 updates each unless a name says (`u6000`, `u1500`), seed 0;
 # LANES at a time with one thread each.
@@ -20,7 +21,7 @@ names=(
     instruction-d256k64u6000-transformer_xl-512-0
     collision_easy-g4u1500-transformer_xl-512-0
     instruction-d256k64-expire_span-1024-0
-    collision_easy-g6-expire_span-2048-0
+    collision_easy-g5-transformer_xl-512-0
     instruction-d256k64-transformer_xl-128-0
     instruction-d512-transformer_xl-1024-0
     instruction-d512-expire_span-2048-0
