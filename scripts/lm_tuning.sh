@@ -5,7 +5,8 @@
 # 5 x 5 grid, the smallest where the last collision is usually beyond a block's relative
 # positions), and the instruction task at a mean distance of four times what a block's
 # relative positions reach (256 with blocks of 64, `k64`; 512 with blocks of 128), with
-# Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span. The
+# Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span (its
+# spans starting at 10% of L, the default, and at 40%, past the distance). The
 # small model of configs/lm.yaml, 3,000 updates each unless a name says (`u6000`, `u1500`), seed 0;
 # LANES at a time with one thread each.
 #   bash scripts/lm_tuning.sh [LANES] [RUNS]
@@ -22,21 +23,26 @@ names=(
     collision_easy-g4u1500-transformer_xl-512-0
     instruction-d256k64-expire_span-1024-0
     collision_easy-g5-transformer_xl-512-0
+    instruction-d256k64-expire_span-1024-0-s40
     instruction-d256k64-transformer_xl-128-0
     instruction-d512-transformer_xl-1024-0
     instruction-d512-expire_span-2048-0
     instruction-d512-transformer_xl-256-0
 )
 
-run_args() {  # NAME -> its overrides; size: d<distance>[k<block>][u<updates>] or g<grid>
-    local task size memory span seed distance block="" updates=3000
-    IFS=- read -r task size memory span seed <<<"$1"
+run_args() {  # NAME -> its overrides; size: d<distance>[k<block>][u<updates>] or g<grid>;
+    # a last field s<percent> starts Expire-Span's spans at that percent of L (default 10)
+    local task size memory span seed start distance block="" updates=3000
+    IFS=- read -r task size memory span seed start <<<"$1"
     if [[ $size == *u* ]]; then
         updates=${size#*u}
         size=${size%u*}
     fi
     local common="memory=$memory memory.max_span=$span seed=$seed total_steps=$updates"
     common+=" log_interval=50 eval_interval=250 checkpoint_interval=250"
+    if [ -n "$start" ]; then
+        common+=" memory.init_span_fraction=$(awk "BEGIN { print ${start#s} / 100 }")"
+    fi
     case $task in
         instruction)
             distance=${size#d}
