@@ -6,7 +6,8 @@
 # positions), and the instruction task at a mean distance of four times what a block's
 # relative positions reach (256 with blocks of 64, `k64`; 512 with blocks of 128), with
 # Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span (its
-# spans starting at 10% of L, the default, and at 40%, past the distance). The
+# spans starting at 10% of L, the default, and at 40%, past the distance, with and without
+# the span loss). The
 # small model of configs/lm.yaml, 3,000 updates each unless a name says (`u6000`, `u1500`), seed 0;
 # LANES at a time with one thread each.
 #   bash scripts/lm_tuning.sh [LANES] [RUNS]
@@ -24,6 +25,7 @@ names=(
     instruction-d256k64-expire_span-1024-0
     collision_easy-g5-transformer_xl-512-0
     instruction-d256k64-expire_span-1024-0-s40
+    instruction-d256k64-expire_span-1024-0-s40a0
     instruction-d256k64-transformer_xl-128-0
     instruction-d512-transformer_xl-1024-0
     instruction-d512-expire_span-2048-0
@@ -31,18 +33,19 @@ names=(
 )
 
 run_args() {  # NAME -> its overrides; size: d<distance>[k<block>][u<updates>] or g<grid>;
-    # a last field s<percent> starts Expire-Span's spans at that percent of L (default 10)
-    local task size memory span seed start distance block="" updates=3000
-    IFS=- read -r task size memory span seed start <<<"$1"
+    # a last field, if any, names a variant of Expire-Span's defaults (below)
+    local task size memory span seed variant distance block="" updates=3000
+    IFS=- read -r task size memory span seed variant <<<"$1"
     if [[ $size == *u* ]]; then
         updates=${size#*u}
         size=${size%u*}
     fi
     local common="memory=$memory memory.max_span=$span seed=$seed total_steps=$updates"
     common+=" log_interval=50 eval_interval=250 checkpoint_interval=250"
-    if [ -n "$start" ]; then
-        common+=" memory.init_span_fraction=$(awk "BEGIN { print ${start#s} / 100 }")"
-    fi
+    case $variant in
+        s40) common+=" memory.init_span_fraction=0.4" ;;  # spans start past the distance
+        s40a0) common+=" memory.init_span_fraction=0.4 memory.aux_loss_coef=0" ;;  # and no span loss
+    esac
     case $task in
         instruction)
             distance=${size#d}
