@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Choosing the scale of the language-model comparisons on the tuning seed (docs/results.md,
-# "Language models"): the easy collision task (on a 6 x 6 grid, Transformer-XL at L = 512; on
-# a 4 x 4 grid, where collisions are dense, whether the model learns to find one at all; on a
-# 5 x 5 grid, the smallest where the last collision is usually beyond a block's relative
-# positions), and the instruction task at a mean distance of four times what a block's
-# relative positions reach (256 with blocks of 64, `k64`; 512 with blocks of 128), with
-# Transformer-XL reaching past the distance, Transformer-XL short of it and Expire-Span (its
-# spans starting at 10% of L, the default, and at 40%, past the distance, with and without
-# the span loss). The
-# small model of configs/lm.yaml, 3,000 updates each unless a name says (`u6000`, `u1500`), seed 0;
-# LANES at a time with one thread each.
+# "Language models"). Easy collision: on a 6 x 6 grid, on a 4 x 4 grid (where collisions are
+# dense: does the model find one at all?) and on a 5 x 5 grid (the smallest where the last
+# collision is usually beyond a block's relative positions), Transformer-XL at L = 512. The
+# instruction task at a mean distance of four times what a block's relative positions reach
+# (256 with blocks of 64, `k64`): Transformer-XL reaching past the distance and short of it,
+# Expire-Span with its spans starting at 10% of L (the default) and at 40%, past the
+# distance, with and without the span loss; at 512 with blocks of 128, whether Transformer-XL
+# reaching past the distance learns at all. The small model of configs/lm.yaml, 3,000
+# updates each unless a name says (`u6000`, `u1500`), seed 0; LANES at a time with one thread
+# each.
 #   bash scripts/lm_tuning.sh [LANES] [RUNS]
 #   python -m analysis.plot docs/results/lm_tuning --out docs/results/lm_tuning --markdown
 # Runs go to RUNS (runs/lm-sweeps/tuning), each finished one's files to docs/results/lm_tuning/
@@ -28,8 +28,6 @@ names=(
     instruction-d256k64-expire_span-1024-0-s40a0
     instruction-d256k64-transformer_xl-128-0
     instruction-d512-transformer_xl-1024-0
-    instruction-d512-expire_span-2048-0
-    instruction-d512-transformer_xl-256-0
 )
 
 run_args() {  # NAME -> its overrides; size: d<distance>[k<block>][u<updates>] or g<grid>;
