@@ -6,10 +6,10 @@
 # instruction task at a mean distance of four times what a block's relative positions reach
 # (256 with blocks of 64, `k64`): Transformer-XL reaching past the distance and short of it,
 # Expire-Span with its spans starting at 10% of L (the default) and at 40%, past the
-# distance, with and without the span loss; at 512 with blocks of 128, whether Transformer-XL
-# reaching past the distance learns at all. The small model of configs/lm.yaml, 3,000
-# updates each unless a name says (`u6000`, `u1500`), seed 0; LANES at a time with one thread
-# each.
+# distance, with the task's span loss (alpha = 2e-6), a tenth of it and none; at 512 with
+# blocks of 128, whether Transformer-XL reaching past the distance learns at all. The small
+# model of configs/lm.yaml, 3,000 updates each unless a name says (`u6000`, `u1500`), seed 0;
+# LANES at a time with one thread each.
 #   bash scripts/lm_tuning.sh [LANES] [RUNS]
 #   python -m analysis.plot docs/results/lm_tuning --out docs/results/lm_tuning --markdown
 # Runs go to RUNS (runs/lm-sweeps/tuning), each finished one's files to docs/results/lm_tuning/
@@ -26,6 +26,7 @@ names=(
     collision_easy-g5-transformer_xl-512-0
     instruction-d256k64-expire_span-1024-0-s40
     instruction-d256k64-expire_span-1024-0-s40a0
+    instruction-d256k64-expire_span-1024-0-s40a2e7
     instruction-d256k64-transformer_xl-128-0
     instruction-d512-transformer_xl-1024-0
 )
@@ -43,6 +44,7 @@ run_args() {  # NAME -> its overrides; size: d<distance>[k<block>][u<updates>] o
     case $variant in
         s40) common+=" memory.init_span_fraction=0.4" ;;  # spans start past the distance
         s40a0) common+=" memory.init_span_fraction=0.4 memory.aux_loss_coef=0" ;;  # and no span loss
+        s40a2e7) common+=" memory.init_span_fraction=0.4 memory.aux_loss_coef=2e-7" ;;  # a tenth of it
     esac
     case $task in
         instruction)
