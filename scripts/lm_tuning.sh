@@ -2,7 +2,9 @@
 # Choosing the scale of the language-model comparisons on the tuning seed (docs/results.md,
 # "Language models"). Easy collision: on a 6 x 6 grid, on a 4 x 4 grid (where collisions are
 # dense: does the model find one at all?) and on a 5 x 5 grid (the smallest where the last
-# collision is usually beyond a block's relative positions), Transformer-XL at L = 512. The
+# collision is usually beyond a block's relative positions), Transformer-XL at L = 512; on
+# 5 x 5, Expire-Span at L = 1024 with the task's settings and as chosen on the instruction
+# task below. The
 # instruction task at a mean distance of four times what a block's relative positions reach
 # (256 with blocks of 64, `k64`): Transformer-XL reaching past the distance and short of it,
 # Expire-Span with its spans starting at 10% of L (the default) and at 40%, past the
@@ -28,6 +30,8 @@ names=(
     instruction-d256k64-expire_span-1024-0-s40a0
     instruction-d256k64-expire_span-1024-0-s40a2e7
     instruction-d256k64-transformer_xl-128-0
+    collision_easy-g5-expire_span-1024-0
+    collision_easy-g5-expire_span-1024-0-s40a0
     instruction-d512-transformer_xl-1024-0
 )
 
