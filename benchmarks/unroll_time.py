@@ -35,12 +35,15 @@ import json
 import math
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
+from agents.actor_critic import ActorCritic
 from agents.build import build_agent
 from agents.distributions import sampling_noise
 from agents.episodes import EpisodeStats
@@ -49,7 +52,7 @@ from agents.rollout import Unroll, collect_unroll
 from agents.update import Learner
 from envs.registry import make_vector_env, named_env
 from training import SpanStats, env_seeds, seed_everything, use_host
-from training.distributed import DistInfo
+from training.distributed import DistInfo, resolve_device
 from training.host import acting_threads
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -159,6 +162,38 @@ def matrix_rate(size: int = 1024, repeats: int = 10) -> float:
     return 2 * size**3 * repeats / (time.perf_counter() - start) / 1e9
 
 
+class RunParts(NamedTuple):
+    """What train_rl.py builds for a run, on the config's device."""
+
+    cfg: DictConfig
+    threads: int
+    agent: ActorCritic
+    learner: Learner
+    player: Player
+    unroll: Unroll
+    bootstrap_truncated: bool
+
+
+def build_parts(overrides: list[str], threads: str, updates: int) -> RunParts:
+    """The envs, agent, learner (its schedule over ``updates``), player and unroll buffers of
+    the train_rl.py run of ``overrides``, built as train_rl.py builds them, on ``threads``
+    torch threads ("auto" or a number)."""
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
+        cfg = compose("rl", overrides=overrides)
+    threads = use_host(threads if threads == "auto" else int(threads))
+    seed_everything(cfg.seed)
+    vec_env = make_vector_env(cfg.env, cfg.num_envs)
+    agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
+    dist = DistInfo(device=resolve_device(cfg.device))  # one process
+    agent.to(dist.device)
+    learner = Learner(agent, cfg.agent, updates, dist)
+    player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
+    player.reset(env_seeds(cfg.seed, 0, cfg.num_envs, "train"))
+    unroll = Unroll(player, cfg.unroll_len)
+    bootstrap_truncated = not named_env(cfg.env.name).step_limit_ends_episode
+    return RunParts(cfg, threads, agent, learner, player, unroll, bootstrap_truncated)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--updates", type=int, default=30, help="updates timed")
@@ -166,19 +201,14 @@ def main() -> None:
     parser.add_argument("--threads", default="auto", help="torch_threads")
     parser.add_argument("overrides", nargs="*", help="train_rl.py overrides, e.g. preset=paper")
     args = parser.parse_args()
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
-        cfg = compose("rl", overrides=args.overrides)
-    threads = use_host(args.threads if args.threads == "auto" else int(args.threads))
-    seed_everything(cfg.seed)
-    vec_env = make_vector_env(cfg.env, cfg.num_envs)
-    agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
-    updates = args.warmup + args.updates
-    dist = DistInfo()  # one process on the CPU
-    learner = Learner(agent, cfg.agent, updates, dist)
-    player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
-    player.reset(env_seeds(cfg.seed, 0, cfg.num_envs, "train"))
-    unroll = Unroll(player, cfg.unroll_len)
-    bootstrap_truncated = not named_env(cfg.env.name).step_limit_ends_episode
+    run = build_parts(args.overrides, args.threads, args.warmup + args.updates)
+    if run.player.device.type != "cpu":
+        raise SystemExit(
+            f"unroll_time.py measures acting on the CPU, not {run.player.device}: add device=cpu, "
+            "or profile the device with benchmarks/update_profile.py"
+        )
+    cfg, vec_env, agent, learner = run.cfg, run.player.vec_env, run.agent, run.learner
+    player, unroll, bootstrap_truncated = run.player, run.unroll, run.bootstrap_truncated
 
     acting, stepping, learning, collecting = Timer(), Timer(), Timer(), Timer()
     library = Timer()  # the compiled step's library, in acting (`compile_acting`)
@@ -189,7 +219,7 @@ def main() -> None:
     vec_env.step = stepping.wrap(vec_env.step)
     collect = collecting.wrap(collect_unroll)
     update = learning.wrap(learner.update)
-    for index in range(updates):
+    for index in range(args.warmup + args.updates):
         if index == args.warmup:
             for timer in (acting, stepping, learning, collecting, library):
                 timer.seconds = 0.0
@@ -232,7 +262,7 @@ def main() -> None:
     floor_ms = flops * cfg.unroll_len / (rate * 1e9) * 1000
     result = {
         "overrides": args.overrides,
-        "threads": threads,
+        "threads": run.threads,
         "num_envs": cfg.num_envs,
         "steps_per_s": round(args.updates * steps_per_update / elapsed),
         "ms_per_update": per_update,

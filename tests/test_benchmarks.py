@@ -135,6 +135,26 @@ def test_unroll_time_splits_an_update_and_counts_acting_flops():
     assert timing["acting_ops_per_step"] >= 2 * 4 + 2
 
 
+@pytest.mark.slow
+def test_update_profile_counts_each_parts_operations():
+    """A tiny Corridor run on the CPU: both parts timed; the learner's epochs over minibatches
+    call more operations than acting's steps, and the top operations are among them."""
+    short = ["--updates", "1", "--warmup", "1", "--threads", "1", *TINY_RL]
+    profile = benchmark_json("update_profile.py", *short, "eval.after_training=false")
+    assert profile["device"] == "cpu" and profile["steps_per_s"] > 0
+    assert min(profile["ms_per_update"].values()) > 0
+    # per acting step at least each layer's q, k, v, output and two FFN products, and the heads
+    unroll_len = 10  # (TINY_RUN's)
+    assert profile["acting"]["ops"] >= unroll_len * (2 * 6 + 2)
+    assert profile["learner"]["ops"] > profile["acting"]["ops"]
+    for part in ("acting", "learner"):
+        top = profile[part]["top_host_ops"]
+        assert top and all(op["op"].startswith("aten::") and op["calls"] > 0 for op in top)
+        assert sum(op["calls"] for op in top) <= profile[part]["ops"]
+        assert "kernels" not in profile[part]  # (a GPU's figures only)
+    assert "sync_sites" not in profile
+
+
 @pytest.mark.skipif(
     not str(cpu_vec_isa.pick_vec_isa()).startswith(CHECKED_VECTOR_UNITS),
     reason="compile_acting is refused on this CPU's vector unit",
