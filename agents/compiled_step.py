@@ -1,6 +1,8 @@
-"""Acting compiled ahead of time (``compile_acting=true``): the agent's encoder and its memory
-transformer's layers for one step, exported once (`torch.export`) and compiled by AOTInductor
-into a library that a C++ runner calls, without torch.compile's per-call guards and Python.
+"""Acting compiled (``compile_acting=true``): the agent's encoder and its memory transformer's
+layers for one step, compiled once. On the CPU, exported (`torch.export`) and compiled by
+AOTInductor into a library that a C++ runner calls, without torch.compile's per-call guards
+and Python; on CUDA, where loading such a library crashed, compiled by torch.compile into
+Triton kernels, fewer and larger than the eager step's hundreds of launches.
 
 The step writes each layer's memory into its store's buffer and attends over the whole buffer,
 whose spare slots hold an empty memory (position -1, masked), so its inputs change shape only
@@ -23,7 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import TreeSpec, tree_leaves, tree_map, tree_unflatten, treespec_loads
+from torch.utils._pytree import (
+    tree_leaves,
+    tree_map,
+    tree_structure,
+    tree_unflatten,
+    treespec_loads,
+)
 
 from agents.distributions import Noise, sample
 from memory import CoreOutput, MemoryState
@@ -78,15 +86,13 @@ class _WeightsAsInputs(nn.Module):
 class CompiledStep:
     """The agent's step in step mode without gradients (`ActorCritic.act` with
     ``compile_acting``), compiled at its first call for that call's batch size and kinds of
-    input and action (sampled or greedy); another step (a few environments' final values, a
-    greedy evaluation) runs eagerly.
+    input and action (sampled or greedy), by the runner of its device (`RUNNERS`); another
+    step (a few environments' final values, a greedy evaluation) runs eagerly.
     A copy of the agent (`copy.deepcopy`) starts uncompiled."""
 
     def __init__(self) -> None:
-        self.runner: Any = None
+        self.runner: LibraryRunner | TorchCompileRunner | None = None
         self.signature: tuple | None = None  # (batch size, previous given, greedy) compiled for
-        self.weights: list[torch.Tensor] = []  # its parameters and buffers, as it takes them
-        self.outputs: TreeSpec | None = None
 
     def __deepcopy__(self, memo: dict) -> CompiledStep:
         return CompiledStep()
@@ -108,9 +114,11 @@ class CompiledStep:
         the action drawn from ``noise``."""
         plan, inputs = self.plan(agent, obs, state, episode_start, previous, noise)
         if self.runner is None:
-            self.compile(agent, inputs)
+            device = episode_start.device
+            refuse_unchecked_target(device)
+            self.runner = RUNNERS[device.type](_EncodeAndStep(agent), inputs)
             self.signature = (episode_start.shape[0], previous is not None, noise is None)
-        action, log_prob, value, hidden, count, spans = self.run(self.library_inputs(inputs))
+        action, log_prob, value, hidden, count, spans = self.run(tree_leaves(inputs))
         return action, log_prob, value, agent.core.planned_output(plan, hidden, count, spans)
 
     def plan(
@@ -141,23 +149,19 @@ class CompiledStep:
         )
         return plan, inputs
 
-    def library_inputs(self, inputs: tuple) -> list[torch.Tensor]:
-        """What the compiled library takes for the step's ``inputs``: the weights, then the
-        inputs' tensors."""
-        return [*self.weights, *(leaf for leaf in tree_leaves(inputs) if leaf is not None)]
+    def run(self, tensors: list[torch.Tensor | None]) -> tuple:
+        """The compiled step's outputs for its inputs' leaves (`tree_leaves` of `plan`'s):
+        action, log-probability, value, the core's hidden state, the count of keys seen and
+        the new memories' spans."""
+        return self.runner(tensors)
 
-    def run(self, library_inputs: list[torch.Tensor]) -> tuple:
-        """The compiled library's outputs: action, log-probability, value, the core's hidden
-        state, the count of keys seen and the new memories' spans."""
-        # (the runner's own call reads its input and output layouts from JSON every time)
-        outputs = self.runner.loader.boxed_run(list(library_inputs))  # (it empties its list)
-        return tree_unflatten(outputs, self.outputs)
 
-    def compile(self, agent: ActorCritic, inputs: tuple) -> None:
-        """Compiles ``_EncodeAndStep`` for inputs like ``inputs``: its runner, its weights in
-        the order it takes them, and the layout of its outputs."""
-        refuse_unchecked_target(inputs[1].device)
-        step = _EncodeAndStep(agent)
+class LibraryRunner:
+    """The step compiled ahead of time for the CPU: exported with its weights as inputs and
+    each layer's buffer length dynamic, compiled by AOTInductor, loaded in a process of its own
+    first (`load_apart`), then called through its C++ runner."""
+
+    def __init__(self, step: _EncodeAndStep, inputs: tuple) -> None:
         weights = {**dict(step.named_parameters()), **dict(step.named_buffers())}
         buffers = tuple(
             tuple(
@@ -182,7 +186,7 @@ class CompiledStep:
                     exported, package_path=str(Path(folder) / "step.pt2")
                 )
                 load_apart(path)
-                self.runner = torch._inductor.aoti_load_package(path)
+                self.loader = torch._inductor.aoti_load_package(path).loader
         except LoadFailed as error:
             raise RuntimeError(
                 f"compile_acting: {error} on this machine; act without it "
@@ -193,8 +197,31 @@ class CompiledStep:
                 "compile_acting could not compile the agent's step on this machine "
                 f"({type(error).__name__}); act without it (train_rl.py: compile_acting=false)"
             ) from error
-        self.weights = tree_leaves(weights)
-        self.outputs = treespec_loads(self.runner.loader.get_call_spec()[1])
+        self.weights = tree_leaves(weights)  # (in the order the library takes them)
+        self.outputs = treespec_loads(self.loader.get_call_spec()[1])
+
+    def __call__(self, tensors: list[torch.Tensor | None]) -> tuple:
+        # (the runner's own call reads its input and output layouts from JSON every time)
+        present = (tensor for tensor in tensors if tensor is not None)  # (an absent input)
+        outputs = self.loader.boxed_run([*self.weights, *present])  # (it empties its list)
+        return tree_unflatten(outputs, self.outputs)
+
+
+class TorchCompileRunner:
+    """The step compiled by torch.compile (Triton kernels on CUDA), which reads the agent's
+    weights where they are; a buffer length that changes recompiles it once, dynamic after."""
+
+    backend = "inductor"
+
+    def __init__(self, step: _EncodeAndStep, inputs: tuple) -> None:
+        self.inputs = tree_structure(inputs)
+        self.step = torch.compile(step, backend=self.backend)
+
+    def __call__(self, tensors: list[torch.Tensor | None]) -> tuple:
+        return self.step(*tree_unflatten(tensors, self.inputs))
+
+
+RUNNERS = {"cpu": LibraryRunner, "cuda": TorchCompileRunner}  # by device type
 
 
 class LoadFailed(Exception):
@@ -232,16 +259,17 @@ def add_biases_apart(module: torch.fx.GraphModule) -> None:
 
 
 def refuse_unchecked_target(device: torch.device) -> None:
-    """A one-line error unless the step compiles for x86's AVX-512 or AVX2, the targets where
-    it was checked against the eager step (tests/test_agent.py, on both). Elsewhere it is
-    refused: torch 2.13's torch.compile gave NaN for AVX2 at one thread, and on CUDA (torch
-    2.11 on an H100) loading any AOTInductor package, a 3-layer perceptron's too, crashed the
-    process."""
+    """A one-line error unless the step compiles for CUDA (torch.compile) or for x86's AVX-512
+    or AVX2 (AOTInductor), the targets where it is checked against the eager step
+    (tests/test_agent.py). Elsewhere it is refused: torch 2.13's torch.compile gave NaN for
+    AVX2 at one thread, and loading an AOTInductor package crashed the process on one machine
+    (an H100's, for CUDA and for its CPU)."""
+    if device.type == "cuda":
+        return
     if device.type != "cpu":
         raise RuntimeError(
-            f"compile_acting compiles acting for the CPU only: on {device.type} it was not "
-            "checked (on CUDA, loading the compiled step crashed the process); act without it "
-            "(train_rl.py: compile_acting=false)"
+            f"compile_acting compiles acting for the CPU and CUDA only, not {device.type}; act "
+            "without it (train_rl.py: compile_acting=false)"
         )
     from torch._inductor import cpu_vec_isa  # (only where the step compiles)
 

@@ -22,7 +22,8 @@ Each setting runs a trainer with its defaults (every core) in a fresh process:
   of 128 tokens, 16 streams), 120 updates.
 On a GPU (``--settings gpu_...``, not run by default): Corridor 3..20 with the PPO default
 (``gpu_ppo_1024``, ``gpu_ppo_4096``) and the paper's A2C (``gpu_a2c_1024``, ``gpu_a2c_4096``)
-at 1024 and 4096 environments, `device=cuda`, 12 updates each (a few minutes in all).
+at 1024 and 4096 environments, `device=cuda`, 12 updates each (a few minutes in all);
+``gpu_ppo_1024_compiled`` and ``gpu_a2c_4096_compiled`` act through torch.compile's step.
 With ``--reference REV`` the same settings also run from that commit's code (exported with
 `git archive`), one after the other in this run, so both see the same machine and load.
 
@@ -96,6 +97,9 @@ for learner, preset in (("ppo", "preset=default"), ("a2c", "preset=paper")):
             "sps",
             total_steps=GPU_UPDATES * envs * 100,  # (unroll_len 100)
         )
+for name in ("gpu_ppo_1024", "gpu_a2c_4096"):  # acting compiled by torch.compile
+    gpu = SETTINGS[name]
+    SETTINGS[f"{name}_compiled"] = gpu._replace(overrides=[*gpu.overrides, "compile_acting=true"])
 CPU_SETTINGS = [name for name in SETTINGS if not name.startswith("gpu_")]
 ALONE = {"two_runs": "corridor_start"}  # the setting a shared run is compared with
 

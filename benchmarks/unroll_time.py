@@ -41,6 +41,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
 from agents.actor_critic import ActorCritic
@@ -142,12 +143,12 @@ def compiled_call_seconds(agent, player: Player, repeats: int = 300) -> float | 
     batch, dtype = player.episode_start.shape[0], agent.value.weight.dtype
     noise = sampling_noise(agent.action_space, batch, dtype, player.device)
     step = (player.obs, player.state, player.episode_start, player.previous, noise)
-    library_inputs = compiled.library_inputs(compiled.plan(agent, *step)[1])
+    tensors = tree_leaves(compiled.plan(agent, *step)[1])
     best = math.inf
     for _ in range(5):
         start = time.perf_counter()
         for _ in range(repeats):
-            compiled.run(library_inputs)
+            compiled.run(tensors)
         best = min(best, (time.perf_counter() - start) / repeats)
     return best
 

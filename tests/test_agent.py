@@ -431,24 +431,34 @@ def test_block_mode_replays_what_step_mode_did(kind):
 CHECKED = str(torch._inductor.cpu_vec_isa.pick_vec_isa()).startswith(CHECKED_VECTOR_UNITS)
 
 
-@pytest.mark.skipif(not CHECKED, reason="compile_acting is refused here (the next test)")
+SPACES = (spaces.Discrete(4), spaces.MultiDiscrete([3, 2]), spaces.Box(-1.0, 1.0, (2,)))
+KINDS_AND_SPACES = list(zip(("expire_span", "transformer_xl", "expire_span"), SPACES, strict=True))
+NO_GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+UNCHECKED_CPU = pytest.mark.skipif(not CHECKED, reason="compile_acting is refused here")
+
+
 @pytest.mark.parametrize(
-    "kind, action_space",
-    [
-        ("expire_span", spaces.Discrete(4)),
-        ("transformer_xl", spaces.MultiDiscrete([3, 2])),
-        ("expire_span", spaces.Box(-1.0, 1.0, (2,))),
-    ],
+    "kind, action_space, target",
+    [pytest.param(*case, "cpu", marks=UNCHECKED_CPU) for case in KINDS_AND_SPACES]
+    + [(*KINDS_AND_SPACES[0], "torch.compile on the cpu")]
+    + [pytest.param(*case, "cuda", marks=NO_GPU) for case in KINDS_AND_SPACES],
 )
 @pytest.mark.slow
-def test_a_compiled_step_acts_as_the_eager_step(kind, action_space):
-    """compile_acting: the step compiled ahead of time reads the whole buffer of each layer,
-    whose slots after the last memory are empty, and samples inside. From the same random
-    numbers it takes the eager step's actions (categorical, MultiDiscrete, Gaussian) with
-    their log-probabilities, values, memory sizes and memories, through episode starts, the
-    previous action and reward, compactions that change the buffers' lengths, and an update of
-    the weights in place; another batch size and a greedy step act eagerly."""
-    eager = make_agent(kind, True, action_space).eval()
+def test_a_compiled_step_acts_as_the_eager_step(kind, action_space, target, monkeypatch):
+    """compile_acting: the compiled step reads the whole buffer of each layer, whose slots
+    after the last memory are empty, and samples inside. From the same random numbers it takes
+    the eager step's actions (categorical, MultiDiscrete, Gaussian) with their
+    log-probabilities, values, memory sizes and memories, through episode starts, the previous
+    action and reward, compactions that change the buffers' lengths, and an update of the
+    weights in place; another batch size and a greedy step act eagerly. On the CPU the
+    AOTInductor library, on CUDA torch.compile's; torch.compile's runner on the CPU (its
+    graph run by eager kernels) checks what it is given and returns on any machine."""
+    device = torch.device("cuda" if target == "cuda" else "cpu")
+    if target == "torch.compile on the cpu":
+        monkeypatch.setitem(compiled_step.RUNNERS, "cpu", compiled_step.TorchCompileRunner)
+        monkeypatch.setattr(compiled_step.TorchCompileRunner, "backend", "aot_eager")
+        monkeypatch.setattr(compiled_step, "refuse_unchecked_target", lambda device: None)
+    eager = make_agent(kind, True, action_space).eval().to(device)
     compiled = copy.deepcopy(eager)
     compiled.compile_acting()
     B, T = 3, 60
@@ -456,8 +466,9 @@ def test_a_compiled_step_acts_as_the_eager_step(kind, action_space):
     obs = torch.as_tensor(rng.integers(0, 2, size=(B, T, *OBS_SHAPE)), dtype=torch.uint8)
     starts = torch.as_tensor(rng.random((B, T)) < 0.05)
     rewards = torch.as_tensor(rng.random((B, T)), dtype=torch.float32)
-    states = [agent.initial_state(B) for agent in (eager, compiled)]
-    action = torch.as_tensor(np.stack([action_space.sample() for _ in range(B)]))
+    obs, starts, rewards = (x.to(device) for x in (obs, starts, rewards))
+    states = [agent.initial_state(B, device) for agent in (eager, compiled)]
+    action = torch.as_tensor(np.stack([action_space.sample() for _ in range(B)]), device=device)
     continuous, capacities = isinstance(action_space, spaces.Box), set()
     for t in range(T):
         if t == T // 2:  # an update: the compiled step reads the weights as they are now
@@ -487,7 +498,7 @@ def test_a_compiled_step_acts_as_the_eager_step(kind, action_space):
         spare = store.buffer.narrow(0, store.capacity).position[:, store.length :]
         assert (spare == EMPTY).all() and store.capacity > store.length
     assert compiled.compiled_step.signature == (B, True, False)
-    two = torch.tensor([0, 2])
+    two = torch.tensor([0, 2], device=device)
     values = [
         agent.act(obs[two, 0], state.select(two), starts[two, 0])[2]  # compiled: eagerly
         for agent, state in zip((eager, compiled), states, strict=True)

@@ -16,7 +16,6 @@ from agents.compiled_step import refuse_unchecked_target
 from envs.registry import make_env
 from memory import MemoryConfig
 from scripts import load_script
-from training import ConfigError
 from training.composition import describe_composition, flattened
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -196,17 +195,13 @@ def test_compile_acting_compiles_a_memory_transformers_step(memory):
     assert composed().compile_acting is False
 
 
-def test_compile_acting_on_a_gpu_is_refused_before_the_run_starts(monkeypatch):
-    """On CUDA the compiled step was not checked (loading it crashed the process there), so
-    train_rl.py refuses ``compile_acting`` with ``device=cuda`` in one line before it starts,
-    as does the agent at its first step."""
+def test_compile_acting_is_taken_on_cuda_and_refused_on_other_devices(monkeypatch):
+    """On CUDA the step compiles with torch.compile, so train_rl.py takes ``compile_acting``
+    with ``device=cuda``; a device with neither compiler is refused in one line."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     train_rl = load_script("train_rl")
-    cfg = composed("env.max_length=3", "compile_acting=true", "device=cuda")
-    with pytest.raises(ConfigError, match="compile_acting=false") as error:
-        train_rl.check_config(cfg)
-    assert "on cuda it was not checked" in str(error.value) and "\n" not in str(error.value)
-    train_rl.check_config(composed("env.max_length=3", "compile_acting=true", "device=cpu"))
-    with pytest.raises(RuntimeError, match="compile_acting=false"):
-        refuse_unchecked_target(torch.device("cuda"))
+    train_rl.check_config(composed("env.max_length=3", "compile_acting=true", "device=cuda"))
+    with pytest.raises(RuntimeError, match="compile_acting=false") as error:
+        refuse_unchecked_target(torch.device("meta"))
+    assert "CPU and CUDA only, not meta" in str(error.value) and "\n" not in str(error.value)
