@@ -30,7 +30,7 @@ names=(
     instruction-d256k64-expire_span-1024-0-s40a2e7
     instruction-d256k64-transformer_xl-128-0
     collision_easy-g5-expire_span-1024-0
-    collision_easy-g5-expire_span-1024-0-s40a0
+    collision_easy-g5-expire_span-1024-0-s40a2e7
     instruction-d512-transformer_xl-1024-0
 )
 
