@@ -1,14 +1,46 @@
 #!/usr/bin/env bash
-# The GPU's figures in one call of a few minutes (docs/performance.md, "On a GPU"): the device,
-# RL throughput on Corridor 3..20 at 1024 and 4096 environments (PPO default and the paper's
-# A2C) beside the default's 32, and the enwik8-sized LM step of every memory kind, fp32 then
-# bf16. Each benchmark prints JSON lines into OUT_DIR.
-#   bash scripts/gpu_benchmarks.sh [OUT_DIR]
-set -euo pipefail
-out=${1:-runs/gpu-benchmarks}
+# One device call's GPU checks and figures, most needed first, within BUDGET seconds (a call
+# that outlasts its limit brings nothing back, so every step has its own limit and a step
+# starts only with the time for it left): the compiled step against the eager one on CUDA,
+# where an update's time goes (benchmarks/update_profile.py, eager and compiled acting), RL
+# throughput on Corridor 3..20 at the GPU's batches (benchmarks/throughput.py), then the full
+# Corridor's candidate GPU settings (scripts/gpu_corridor.sh) with what time is left. Each step
+# appends to a file of OUT_DIR (at most 8 files come back from a call); log.txt says when each
+# step started and how it ended.
+#   bash scripts/gpu_benchmarks.sh OUT_DIR [BUDGET]
+set -uo pipefail
+out=$1 budget=${2:-500}
 mkdir -p "$out"
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv >"$out/device.csv"
-python benchmarks/throughput.py --settings gpu_ppo_1024 gpu_ppo_4096 gpu_a2c_1024 \
-    gpu_a2c_4096 corridor_start >"$out/throughput.jsonl"
-python benchmarks/lm_gpu.py >"$out/lm_gpu.jsonl"
-python benchmarks/lm_gpu.py --precision bf16 --spans 16384 >"$out/lm_gpu_bf16.jsonl"
+deadline=$((SECONDS + budget))
+export PYTHONUNBUFFERED=1
+
+step() {  # LIMIT FILE COMMAND...: COMMAND's output appended to OUT_DIR/FILE, within LIMIT s
+    local limit=$1 file=$2 left=$((deadline - SECONDS))
+    shift 2
+    if ((left < limit)); then
+        echo "$(date +%T) skipped ($left s left, $limit needed): $*" >>"$out/log.txt"
+        return
+    fi
+    echo "$(date +%T) start: $*" >>"$out/log.txt"
+    timeout "$limit" "$@" >>"$out/$file" 2>&1
+    echo "$(date +%T) exit $?: $*" >>"$out/log.txt"
+}
+
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+    python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
+    git log --oneline -1 2>/dev/null; } >"$out/device.txt" 2>&1
+step 150 test.txt python -m pytest -q -p no:logging tests/test_agent.py \
+    -k "compiled_step_acts and cuda"
+for compiled in false true; do
+    step 100 profile.jsonl python benchmarks/update_profile.py --warmup 2 --updates 3 \
+        device=cuda num_envs=1024 env.max_length=20 wandb.mode=disabled \
+        "compile_acting=$compiled"
+done
+for setting in gpu_ppo_1024 gpu_ppo_1024_compiled gpu_a2c_4096 gpu_a2c_4096_compiled; do
+    step 90 throughput.jsonl python benchmarks/throughput.py --settings "$setting"
+done
+wall=$((deadline - SECONDS - 30))
+if ((wall >= 120)); then
+    step $((wall + 20)) log.txt bash scripts/gpu_corridor.sh /tmp/gpu_corridor "$wall" 0
+    tar czf "$out/corridor.tgz" -C /tmp gpu_corridor
+fi

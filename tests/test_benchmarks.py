@@ -98,7 +98,7 @@ def test_the_gpu_throughput_settings_are_runs_train_rl_accepts_on_cuda(monkeypat
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     gpu = {name: s for name, s in throughput.SETTINGS.items() if name.startswith("gpu_")}
-    assert len(gpu) == 4 and not set(gpu) & set(throughput.CPU_SETTINGS)
+    assert len(gpu) == 6 and not set(gpu) & set(throughput.CPU_SETTINGS)
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         for setting in gpu.values():
             cfg = compose("rl", overrides=setting.overrides)
