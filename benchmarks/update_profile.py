@@ -55,9 +55,14 @@ def profile_parts(events, device: torch.device) -> dict[str, dict]:
     kernels launched and their device time, the host-device copies, the waits for the GPU,
     and the operations of the most host time."""
     summary = {}
+    host_events = [e for e in events if e.device_type == DeviceType.CPU]
     for part in PARTS:
-        inside = [e for e in events if e.device_type == DeviceType.CPU and within(e, part)]
-        ops = [e for e in inside if e.name.startswith("aten::") and not_nested_op(e, part)]
+        # by time, on any thread (on CUDA the backward pass runs on a thread of its own)
+        ranges = [e.time_range for e in host_events if e.name == part]
+        inside = [
+            e for e in host_events if any(r.start <= e.time_range.start <= r.end for r in ranges)
+        ]
+        ops = [e for e in inside if e.name.startswith("aten::") and not_nested_op(e)]
         host, calls = Counter(), Counter()
         for event in ops:
             host[event.name] += event.cpu_time_total
@@ -82,20 +87,10 @@ def profile_parts(events, device: torch.device) -> dict[str, dict]:
     return summary
 
 
-def within(event, region: str) -> bool:
-    """Whether the host event ``event`` ran inside a ``region`` record_function."""
+def not_nested_op(event) -> bool:
+    """An ATen operation called by Python or by autograd, not by another ATen operation."""
     parent = event.cpu_parent
     while parent is not None:
-        if parent.name == region:
-            return True
-        parent = parent.cpu_parent
-    return False
-
-
-def not_nested_op(event, region: str) -> bool:
-    """An ATen operation called by Python (not by another ATen operation) within ``region``."""
-    parent = event.cpu_parent
-    while parent is not None and parent.name != region:
         if parent.name.startswith("aten::"):
             return False
         parent = parent.cpu_parent
