@@ -4,8 +4,10 @@
 
 Prints one JSON object per line, {"env", "num_envs", "steps_per_s"}: Corridor and Portal built
 with `gymnasium.make_vec(..., vectorization_mode="vector_entry_point")` (random actions,
-autoreset in the same step, as training runs them), then MiniGrid's MemoryS13Random through
-plain `gymnasium.make` (random actions, reset when an episode ends), for scale.
+autoreset in the same step, as training runs them), then MiniGrid's MemoryS13Random (random
+actions, reset when an episode ends), for scale: plain `gymnasium.make`, the word-window wrapper
+around it (`"wrapped": "plain"`), and the wrapper as training makes it, which builds MiniGrid's
+agent view at resets only (`"wrapped": "view at resets"`).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import minigrid  # noqa: F401  (registers MiniGrid's environments)
 import numpy as np
 from gymnasium.vector import AutoresetMode
 
-import envs  # noqa: F401  (registers the MazeBase environments)
+import envs  # (registers the MazeBase environments)
 
 MAZEBASE_IDS = ("MazeBase/Corridor-v0", "MazeBase/Portal-v0")
 MINIGRID_ID = "MiniGrid-MemoryS13Random-v0"
@@ -44,8 +46,7 @@ def batched_steps_per_s(env_id: str, num_envs: int, seconds: float) -> float:
     return steps * num_envs / (time.perf_counter() - start)
 
 
-def minigrid_steps_per_s(seconds: float) -> float:
-    env = gym.make(MINIGRID_ID)
+def minigrid_steps_per_s(env: gym.Env, seconds: float) -> float:
     env.reset(seed=0)
     env.action_space.seed(0)
     steps, start = 0, time.perf_counter()
@@ -67,8 +68,15 @@ def main() -> None:
         for num_envs in args.num_envs:
             rate = batched_steps_per_s(env_id, num_envs, args.seconds)
             print(json.dumps({"env": env_id, "num_envs": num_envs, "steps_per_s": round(rate)}))
-    rate = minigrid_steps_per_s(args.seconds)
-    print(json.dumps({"env": MINIGRID_ID, "num_envs": 1, "steps_per_s": round(rate)}))
+    minigrid_envs = {
+        None: gym.make(MINIGRID_ID),
+        "plain": envs.MiniGridMemoryWrapper(gym.make(MINIGRID_ID)),
+        "view at resets": envs.make_minigrid_memory(MINIGRID_ID),
+    }
+    for wrapped, env in minigrid_envs.items():
+        rate = minigrid_steps_per_s(env, args.seconds)
+        row = {"env": MINIGRID_ID, "num_envs": 1, "steps_per_s": round(rate)}
+        print(json.dumps(row if wrapped is None else {**row, "wrapped": wrapped}))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ the hallway's west end (any odd window of 3 or more shows the cue from some cell
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -143,12 +144,37 @@ class MiniGridMemoryWrapper(gym.Wrapper, gym.utils.RecordConstructorArgs):
         return self._window.observe(self._cells, centre, self._obs)[0].copy()
 
 
+class _ViewAtResetMemoryEnv(MemoryEnv):
+    """MiniGrid's memory task that builds its agent view (a rotated, encoded 7 x 7 crop) at
+    resets only and hands a copy of the reset's view back at every step. The wrapper observes in
+    words and never reads that view, whose building was most of a step's time
+    (benchmarks/env_throughput.py)."""
+
+    _view: dict[str, Any] | None = None
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        self._view = None
+        return super().reset(seed=seed, options=options)
+
+    def gen_obs(self) -> dict[str, Any]:
+        if self._view is None:
+            self._view = super().gen_obs()
+        return {**self._view, "image": self._view["image"].copy()}
+
+
 def make_minigrid_memory(
     env_id: str, window_size: int = 5, render_mode: str | None = None, **kwargs: Any
 ) -> MiniGridMemoryWrapper:
     """One wrapped memory task, e.g. `make_minigrid_memory("MiniGrid-MemoryS13Random-v0")`;
     `kwargs` go to MiniGrid's env."""
-    return MiniGridMemoryWrapper(gym.make(env_id, render_mode=render_mode, **kwargs), window_size)
+    spec = gym.spec(env_id)
+    if spec.entry_point != "minigrid.envs:MemoryEnv":
+        raise ValueError(
+            f"{env_id} is not one of MiniGrid's memory tasks: pick an id from "
+            "MiniGrid-MemoryS7-v0 ... MiniGrid-MemoryS17Random-v0"
+        )
+    spec = replace(spec, entry_point=_ViewAtResetMemoryEnv)
+    return MiniGridMemoryWrapper(gym.make(spec, render_mode=render_mode, **kwargs), window_size)
 
 
 class MiniGridMemoryVectorEnv(SyncVectorEnv):

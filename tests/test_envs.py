@@ -563,6 +563,26 @@ def test_minigrid_actions_are_cardinal_moves():
     assert len(positions) > 3
 
 
+def test_minigrid_steps_as_with_the_view_built_at_every_step():
+    """make_minigrid_memory skips MiniGrid's agent view after resets: observations, rewards,
+    endings and infos stay those of the wrapper around MiniGrid's own env, over many episodes."""
+    fast = envs.make_minigrid_memory("MiniGrid-MemoryS7-v0")
+    plain = envs.MiniGridMemoryWrapper(gym.make("MiniGrid-MemoryS7-v0"))
+    assert not isinstance(plain.unwrapped, type(fast.unwrapped))
+    actions = np.random.default_rng(0).integers(0, 4, size=2000)
+    episodes = 0
+    for env in (fast, plain):
+        env.reset(seed=3)
+    for action in actions:
+        fast_step, plain_step = fast.step(int(action)), plain.step(int(action))
+        np.testing.assert_array_equal(fast_step[0], plain_step[0])
+        assert fast_step[1:] == plain_step[1:]
+        if fast_step[2] or fast_step[3]:
+            episodes += 1
+            np.testing.assert_array_equal(fast.reset()[0], plain.reset()[0])
+    assert episodes > 20
+
+
 class MemoryOracle:
     """Reads only the observation: walks west to the start room's west wall, where the cue is
     in view, then east to the junction, and steps towards the end object that matches."""
@@ -621,6 +641,8 @@ def test_minigrid_memory_vec_reports_success_in_final_info():
 def test_minigrid_wrapper_refuses_other_envs():
     with pytest.raises(TypeError, match="MiniGrid-MemoryS"):
         envs.MiniGridMemoryWrapper(gym.make("MiniGrid-Empty-5x5-v0"))
+    with pytest.raises(ValueError, match="MiniGrid-MemoryS"):
+        envs.make_minigrid_memory("MiniGrid-Empty-5x5-v0")
 
 
 def test_the_env_registry_matches_the_env_configs():
