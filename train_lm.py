@@ -420,7 +420,7 @@ def restore(
     model.load_state_dict(checkpoint["model"])
     optimizer.load_state_dict(checkpoint["optimizer"])
     restore_rng_state(checkpoint["rng"][dist.rank])
-    state = MemoryState.from_state_dict(checkpoint["memory_state"][dist.rank], dist.device)
+    state = model.core.load_state(checkpoint["memory_state"][dist.rank], dist.device)
     return LMProgress(checkpoint["step"], state, checkpoint["interval"][dist.rank])
 
 
@@ -518,8 +518,9 @@ def save_training(
 ) -> None:
     """RUN_DIR/checkpoint.pt, which `restore` loads (a collective: every rank's memory and
     interval sums are gathered)."""
+    memory_state = model.core.save_state(progress.state)
     gathered = gather_rank_states(
-        dist, model, memory_state=progress.state.state_dict(), interval=dict(progress.interval)
+        dist, model, memory_state=memory_state, interval=dict(progress.interval)
     )
     if dist.is_main:
         state = {**gathered, "model": model.state_dict(), "optimizer": optimizer.state_dict()}

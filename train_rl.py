@@ -270,11 +270,10 @@ def restore(
     if acting["envs"] is None:  # (environments without a state_dict)
         log.warning("the environments restart from their seeds: the run replays episodes")
         return progress
-    player.load_state_dict(acting)
+    player.load_state_dict(acting, learner.agent.core)
     if learner.anchored:
-        learner.anchor.state = type(player.state).from_state_dict(
-            acting["anchor_memory"], player.device
-        )
+        anchor_core = learner.anchor.model.core
+        learner.anchor.state = anchor_core.load_state(acting["anchor_memory"], player.device)
     span_stats.load_state_dict(acting["spans"])
     interval.load_state_dict(acting["interval"])
     return progress
@@ -336,9 +335,10 @@ def save_training(
 ) -> None:
     """RUN_DIR/checkpoint.pt: the learner, the progress and what each rank's acting carries
     to the next update (a collective: every rank takes part), which `restore` loads."""
-    anchor_memory = learner.anchor.state.state_dict() if learner.anchored else None
+    anchor = learner.anchor
+    anchor_memory = anchor.model.core.save_state(anchor.state) if learner.anchored else None
     acting = {
-        **player.state_dict(),
+        **player.state_dict(learner.agent.core),
         "anchor_memory": anchor_memory,
         "mmer": progress.mmer,
         "spans": span_stats.state_dict(),

@@ -31,6 +31,12 @@ class FeedForwardCore(nn.Module):
     def refresh(self, state: RecurrentState) -> RecurrentState:
         return state
 
+    def save_state(self, state: RecurrentState) -> dict[str, torch.Tensor]:
+        return state.state_dict()
+
+    def load_state(self, saved: dict, device: torch.device | str) -> RecurrentState:
+        return RecurrentState.from_state_dict(saved, device)
+
     def forward(
         self, x: torch.Tensor, state: RecurrentState, episode_start: torch.Tensor | None = None
     ) -> CoreOutput:

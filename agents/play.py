@@ -132,9 +132,10 @@ class Player:
             return np.clip(action, space.low, space.high)
         return action
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, core: torch.nn.Module) -> dict[str, Any]:
         """What the next step continues from, as tensors and plain values (to resume within an
-        episode); the envs' own state where they have one (`None` where they have not)."""
+        episode); the envs' own state where they have one (`None` where they have not). The
+        agent's ``core`` saves its memory (``save_state``)."""
         exact_envs = hasattr(self.vec_env, "state_dict")  # a user's env may have none
         return {
             "envs": _as_tensors(self.vec_env.state_dict()) if exact_envs else None,
@@ -142,17 +143,19 @@ class Player:
             "episode_start": self.episode_start.cpu(),
             "resetting": torch.from_numpy(self.resetting.copy()),
             "previous": [x.cpu() for x in self.previous],
-            "memory": self.state.state_dict(),
+            "memory": core.save_state(self.state),
             "episodes": self.stats.state_dict(),
         }
 
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
+    def load_state_dict(self, saved: dict[str, Any], core: torch.nn.Module) -> None:
+        """Continue from `state_dict`; the agent's ``core``, its weights loaded, loads the
+        memory (``load_state``)."""
         self.vec_env.load_state_dict(_as_arrays(saved["envs"]))
         self.obs = to_device(saved["obs"], self.device)
         self.episode_start = saved["episode_start"].to(self.device)
         self.resetting = saved["resetting"].numpy().copy()
         self.previous = tuple(x.to(self.device) for x in saved["previous"])
-        self.state = type(self.state).from_state_dict(saved["memory"], self.device)
+        self.state = core.load_state(saved["memory"], self.device)
         self.stats.load_state_dict(saved["episodes"])
 
 

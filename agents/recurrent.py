@@ -191,6 +191,13 @@ class RecurrentCore(nn.Module):
         read with (``memory.MemoryTransformer.refresh``)."""
         return state
 
+    def save_state(self, state: RecurrentState) -> dict[str, torch.Tensor]:
+        """``state`` for a checkpoint (``memory.MemoryTransformer.save_state``)."""
+        return state.state_dict()
+
+    def load_state(self, saved: dict, device: torch.device | str) -> RecurrentState:
+        return RecurrentState.from_state_dict(saved, device)
+
     def forward(
         self,
         x: torch.Tensor,

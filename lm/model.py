@@ -4,7 +4,7 @@ The same `memory.MemoryTransformer` that the RL agents use; here it reads one bl
 tokens per call and carries its memory (detached) from block to block, so a model sees
 further back than its block, as far as its memory kind keeps things.
 
-`MemoryState.state_dict` / `MemoryState.from_state_dict` turn that carried memory into tensors
+`MemoryState.state_dict` / `MemoryTransformer.load_state` turn that carried memory into tensors
 and plain values and back, so a checkpoint can hold it and a resumed run continues exactly.
 """
 

@@ -64,6 +64,11 @@ class Compressive(MemoryKind):
     def alive_compressed(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         return (slots.position >= time - self.reach) & (slots.position >= begin[:, None])
 
+    def needed(self, memory: LayerMemory, time: int, begin: Tensor) -> dict[str, Tensor]:
+        older = memory["compressed"].view()
+        alive = self.alive_compressed(older, time, begin)
+        return {**super().needed(memory, time, begin), "compressed": alive}
+
     def read(self, attention: MemoryAttention, memory: LayerMemory, new: Slots, call: Call) -> Read:
         recent, kept = self.extend(attention, memory, "recent", new, call, self.alive)
         pooled = self.compress(attention, recent, call)

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from memory.attention import MemoryAttention, Segment, log_mask
 from memory.config import MemoryConfig
-from memory.store import LayerMemory, Slots, SlotStore
+from memory.store import EMPTY, LayerMemory, Slots, SlotStore
 
 Alive = Callable[[Slots, int, Tensor], Tensor]
 KIND_CLASSES: dict[str, type[MemoryKind]] = {}  # filled as MemoryKind subclasses are defined
@@ -219,6 +219,17 @@ class MemoryKind(nn.Module):
         room = memory["recent"].with_room(1, lambda slots: self.alive(slots, time, begin))
         return memory.replace(recent=room)
 
+    def needed(self, memory: LayerMemory, time: int, begin: Tensor) -> dict[str, Tensor]:
+        """Per store, the slots (B, N) whose h_i a checkpoint keeps: those that a query at
+        ``time`` or later, in an episode begun at ``begin`` (B,) or later, can see. Dead ones
+        (step mode leaves them in its buffers until they fill) keep their place, so that the
+        layout, which the order of floating-point sums follows, stays; their h_i matter only
+        where a span is computed from it, and elsewhere load as zeros, masked all the same."""
+        recent = memory["recent"].view()
+        if recent.span is not None:
+            return {"recent": recent.position != EMPTY}
+        return {"recent": self.alive(recent, time, begin)}
+
     def refresh(self, attention: MemoryAttention, memory: LayerMemory) -> LayerMemory:
         """The memory with every stored memory's key, value and span recomputed from its h_i
         with the current weights: what block mode with gradients reads (``extend``), so that
@@ -233,9 +244,15 @@ class MemoryKind(nn.Module):
     def recomputed(self, attention: MemoryAttention, slots: Slots) -> Slots:
         """``slots`` with keys, values and spans (where stored) computed from their h_i with the
         current weights."""
-        keys, values = attention.key_value(slots.hidden)
-        span = None if slots.span is None else self.span(slots.hidden)
-        return Slots(slots.hidden, keys, values, slots.position, span)
+        return self.cached(attention, slots.hidden, slots.position, slots.span is not None)
+
+    def cached(
+        self, attention: MemoryAttention, hidden: Tensor, position: Tensor, with_span: bool
+    ) -> Slots:
+        """The memories ``hidden`` (B, N, dim) at ``position`` (B, N) with the keys, values and
+        (``with_span``) spans that a store caches, computed with the current weights."""
+        keys, values = attention.key_value(hidden)
+        return Slots(hidden, keys, values, position, self.span(hidden) if with_span else None)
 
     def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         """Which memories a query at ``time`` in an episode begun at ``begin`` (B,) can see."""

@@ -24,7 +24,7 @@ only at a compaction.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -216,6 +216,7 @@ def _owns_storage(t: Tensor) -> bool:
 
 
 Part = SlotStore | Tensor
+Cached = Callable[[Tensor, Tensor, bool], Slots]  # (hidden, position, with_span) -> the slots
 
 
 class LayerMemory:
@@ -256,21 +257,46 @@ class LayerMemory:
 
         return LayerMemory(**{name: pick(part) for name, part in self.parts.items()})
 
-    def state_dict(self) -> dict[str, list[Tensor | None] | Tensor]:
-        """The parts as tensors: a store as the list of its slot fields."""
+    def state_dict(
+        self, needed: Mapping[str, Tensor] | None = None
+    ) -> dict[str, dict[str, Tensor | bool] | Tensor]:
+        """The parts as tensors. A store keeps every slot's position and the h_i of the slots
+        ``needed[name]`` (B, N) marks (by default, its filled slots), as rows (N_kept, dim):
+        the keys, values and spans cached from them, two thirds of its bytes, are left out,
+        and ``from_state_dict`` recomputes them."""
+        needed = needed or {}
 
-        def save(part: Part) -> list[Tensor | None] | Tensor:
-            if isinstance(part, SlotStore):  # clone: a view would save its whole buffer
-                return [None if t is None else t.detach().cpu().clone() for t in part.view()]
+        def save(name: str, part: Part) -> dict[str, Tensor | bool] | Tensor:
+            if isinstance(part, SlotStore):
+                slots = part.view()
+                kept = needed.get(name, slots.position != EMPTY)
+                return {
+                    "hidden": slots.hidden[kept].detach().cpu(),
+                    "kept": kept.cpu(),
+                    "position": slots.position.cpu().clone(),  # (clone: not the whole buffer)
+                    "with_span": slots.span is not None,
+                }
             return part.cpu()
 
-        return {name: save(part) for name, part in self.parts.items()}
+        return {name: save(name, part) for name, part in self.parts.items()}
 
     @classmethod
-    def from_state_dict(cls, saved: dict, device: torch.device | str) -> LayerMemory:
-        def load(part: list[Tensor | None] | Tensor) -> Part:
-            if isinstance(part, list):
-                return SlotStore.of(Slots(*(None if t is None else t.to(device) for t in part)))
+    def from_state_dict(
+        cls, saved: dict, device: torch.device | str, cached: Cached
+    ) -> LayerMemory:
+        """The memory `state_dict` saved, on ``device``, zeros for the h_i left out; ``cached``
+        computes each store's keys, values and spans from its h_i (``MemoryKind.cached`` with
+        this layer's attention)."""
+
+        def load(part: dict | list | Tensor) -> Part:
+            if isinstance(part, list):  # an older checkpoint's store: its five slot fields
+                hidden, position, with_span = part[0].to(device), part[3].to(device), part[4]
+                return SlotStore.of(cached(hidden, position, with_span is not None))
+            if isinstance(part, dict):
+                position, rows = part["position"].to(device), part["hidden"].to(device)
+                hidden = rows.new_zeros(*position.shape, rows.shape[-1])
+                hidden[part["kept"].to(device)] = rows
+                return SlotStore.of(cached(hidden, position, part["with_span"]))
             return part.to(device)
 
         return cls(**{name: load(part) for name, part in saved.items()})
@@ -303,21 +329,29 @@ class MemoryState:
         layers = tuple(layer.select(index) for layer in self.layers)
         return MemoryState(self.time, self.episode_begin[index], layers)
 
-    def state_dict(self) -> dict:
-        """The memory as tensors and plain values, for `torch.load(weights_only=True)`."""
+    def state_dict(self, needed: Sequence[Mapping[str, Tensor]] | None = None) -> dict:
+        """The memory as tensors and plain values, for `torch.load(weights_only=True)`;
+        ``needed[l]``: the slots of layer l whose h_i to keep (``LayerMemory.state_dict``)."""
+        needed = needed or [{}] * len(self.layers)
         return {
             "time": self.time,
             "episode_begin": self.episode_begin.cpu().clone(),
-            "layers": [layer.state_dict() for layer in self.layers],
+            "layers": [
+                layer.state_dict(kept) for layer, kept in zip(self.layers, needed, strict=True)
+            ],
         }
 
     @classmethod
-    def from_state_dict(cls, saved: dict, device: torch.device | str) -> MemoryState:
-        """The memory saved by `state_dict`, on `device`."""
+    def from_state_dict(
+        cls, saved: dict, device: torch.device | str, cached: Sequence[Cached]
+    ) -> MemoryState:
+        """The memory `state_dict` saved, on ``device``, ``cached[l]`` computing layer l's
+        keys, values and spans (`memory.MemoryTransformer.load_state` passes them)."""
+        layers = zip(saved["layers"], cached, strict=True)
         return cls(
             time=saved["time"],
             episode_begin=saved["episode_begin"].to(device),
-            layers=tuple(LayerMemory.from_state_dict(layer, device) for layer in saved["layers"]),
+            layers=tuple(LayerMemory.from_state_dict(layer, device, c) for layer, c in layers),
         )
 
     def stored_lengths(self) -> list[int]:

@@ -10,6 +10,7 @@ Inputs are already-embedded vectors; outputs are final-normed hidden states.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -149,6 +150,26 @@ class MemoryTransformer(nn.Module):
             for layer, memory in zip(self.layers, state.layers, strict=True)
         )
         return MemoryState(state.time, state.episode_begin, layers)
+
+    @torch.no_grad()
+    def save_state(self, state: MemoryState) -> dict:
+        """``state`` for a checkpoint, as tensors and plain values (`load_state` reads it):
+        every slot's position and the h_i its layer's kind needs (``MemoryKind.needed``;
+        the spans recomputed by the current weights decide, as they will at the next step)."""
+        state = self.refresh(state)
+        needed = [
+            layer.kind.needed(memory, state.time, state.episode_begin)
+            for layer, memory in zip(self.layers, state.layers, strict=True)
+        ]
+        return state.state_dict(needed)
+
+    @torch.no_grad()
+    def load_state(self, saved: dict, device: torch.device | str | None = None) -> MemoryState:
+        """The memory `save_state` saved, on ``device`` (the core's by default), with the
+        keys, values and spans it left out computed by the current weights, as `refresh`
+        computes them."""
+        cached = [partial(layer.kind.cached, layer.attention) for layer in self.layers]
+        return MemoryState.from_state_dict(saved, device or self.final_norm.weight.device, cached)
 
     def forward(
         self,

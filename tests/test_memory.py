@@ -156,8 +156,10 @@ def test_states_made_in_inference_mode_can_be_continued_and_trained_on():
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_selected_and_saved_states_continue_as_the_full_batch(kind):
-    """A minibatch of environments taken from the state, and the state saved and loaded
-    (a checkpoint's), continue exactly as the state would."""
+    """A minibatch of environments taken from the state continues as the state would; the
+    state saved and loaded (a checkpoint's: its live memories' h_i, without the keys, values
+    and spans) continues exactly as the state refreshed, whose caches the same weights
+    recomputed."""
     core = make_core(kind)
     x = torch.randn(3, 30, 16)
     starts = episode_starts(3, 30)
@@ -166,10 +168,43 @@ def test_selected_and_saved_states_continue_as_the_full_batch(kind):
         full = core(x[:, 20:], state, starts[:, 20:]).hidden
         index = torch.tensor([2, 0])
         part = core(x[index, 20:], state.select(index), starts[index, 20:]).hidden
-        saved = torch.load(_saved(state.state_dict()), weights_only=True)
-        loaded = core(x[:, 20:], type(state).from_state_dict(saved, "cpu"), starts[:, 20:])
+        refreshed = core(x[:, 20:], core.refresh(state), starts[:, 20:]).hidden
+        saved = torch.load(_saved(core.save_state(state)), weights_only=True)
+        loaded = core(x[:, 20:], core.load_state(saved), starts[:, 20:]).hidden
     assert (part - full[index]).abs().max() < TOLERANCE
-    assert torch.equal(loaded.hidden, full)
+    assert torch.equal(loaded, refreshed)
+    assert (refreshed - full).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("kind", ["transformer_xl", "expire_span"])
+def test_a_saved_memory_holds_the_hidden_states_it_needs_only(kind):
+    """A checkpoint keeps every slot's position and the h_i a memory needs: not the keys and
+    values cached from them (two thirds of a store's bytes), nor, where no span is computed
+    from them, the h_i of the dead memories that step mode leaves in its buffers. A memory
+    saved whole, as checkpoints were before, loads as the same memory."""
+    core = make_core(kind)
+    with torch.no_grad():
+        _, state = run_steps(core, torch.randn(3, 30, 16), episode_starts(3, 30))
+    saved, refreshed = core.save_state(state), core.refresh(state)
+    for layer, memory, module in zip(saved["layers"], refreshed.layers, core.layers, strict=True):
+        slots = memory["recent"].view()
+        alive = module.kind.alive(slots, state.time, state.episode_begin)
+        filled = slots.position != EMPTY
+        assert (~alive & filled).any()  # dead memories kept in place in the buffers
+        assert set(layer["recent"]) == {"hidden", "kept", "position", "with_span"}
+        assert torch.equal(layer["recent"]["position"], slots.position)
+        assert layer["recent"]["with_span"] == (kind == "expire_span")
+        kept = filled if kind == "expire_span" else alive
+        assert torch.equal(layer["recent"]["kept"], kept)
+        assert torch.equal(layer["recent"]["hidden"], slots.hidden[kept])
+    with_caches = {
+        **state.state_dict(),
+        "layers": [{"recent": list(memory["recent"].view())} for memory in state.layers],
+    }
+    old = core.load_state(with_caches)
+    for old_layer, new_layer in zip(old.layers, refreshed.layers, strict=True):
+        for a, b in zip(old_layer["recent"].view(), new_layer["recent"].view(), strict=True):
+            assert (a is None and b is None) or torch.equal(a, b)
 
 
 def _saved(value) -> io.BytesIO:
