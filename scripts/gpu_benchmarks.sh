@@ -23,7 +23,8 @@ step() {  # LIMIT FILE COMMAND...: COMMAND's output appended to OUT_DIR/FILE, wi
     fi
     echo "$(date +%T) start: $*" >>"$out/log.txt"
     timeout "$limit" "$@" >>"$out/$file" 2>&1
-    echo "$(date +%T) exit $?: $*" >>"$out/log.txt"
+    local status=$?  # (before the date's command substitution sets $?)
+    echo "$(date +%T) exit $status: $*" >>"$out/log.txt"
 }
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv

@@ -19,10 +19,14 @@ export PYTHONUNBUFFERED=1
 echo "$(date +%T) start: $agent seed $seed, $wall s, $steps steps" >>"$out/log.txt"
 timeout "$wall" python benchmarks/portal.py --out runs/portal --agents "$agent" \
     --seeds "$seed" --steps "$steps" >>"$out/log.txt" 2>&1
-echo "$(date +%T) exit $? (124: stopped at $wall s; its last checkpoint stays)" >>"$out/log.txt"
+status=$?  # (before the date's command substitution sets $?)
+echo "$(date +%T) exit $status (124: stopped at $wall s; its last checkpoint stays)" >>"$out/log.txt"
 
 tar czf "$out/run.tgz" -C "$run_dir" --exclude="checkpoint*.pt" --exclude=.run.lock .
-if [ -f "$run_dir/checkpoint.pt" ]; then
-    split -b 15M -d "$run_dir/checkpoint.pt" "$out/checkpoint.pt.part"
+checkpoint=$run_dir/checkpoint.pt
+if [ -f "$checkpoint" ] && (($(stat -c %s "$checkpoint") > 6 * 15 * 2 ** 20)); then
+    echo "checkpoint.pt is over 6 parts of 15 MiB: not brought back" >>"$out/log.txt"
+elif [ -f "$checkpoint" ]; then
+    split -b 15M -d "$checkpoint" "$out/checkpoint.pt.part"
 fi
 ls -l "$out" >>"$out/log.txt"
