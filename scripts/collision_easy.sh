@@ -6,8 +6,10 @@
 # Transformer-XL at L = 256 (with its block it sees about 72% of the last collisions and 14%
 # of the third-last) against Expire-Span at L = 256, 512 and 1024 (up to 97% and 79%), seeds
 # 200-202, the small model of configs/lm.yaml, 3,000 updates each (Transformer-XL at L = 512
-# erred 0.708 on seed 0's test split, constant answer 0.768; scripts/lm_tuning.sh). LANES at
-# a time with one thread each.
+# erred 0.708 on seed 0's test split, constant answer 0.768; scripts/lm_tuning.sh). Expire-Span
+# starts its spans at 40% of L with alpha = 2e-7, as on the instruction task: on seed 0 at
+# L = 1024 it erred 0.700 with a memory of 795 so, against 0.710 and 610 at the task's
+# settings (scripts/lm_tuning.sh). LANES at a time with one thread each.
 #   bash scripts/collision_easy.sh [LANES] [RUNS]
 #   python -m analysis.plot docs/results/collision_easy --out docs/results/collision_easy --markdown
 #   python -m analysis.collision_probe RUNS/NAME     # which questions a model misses, by age
@@ -24,10 +26,13 @@ for seed in 200 201 202; do
 done
 
 run_args() {  # NAME -> its overrides
-    local grid memory span seed
+    local grid memory span seed start=""
     IFS=- read -r grid memory span seed <<<"$1"
+    if [ "$memory" = expire_span ]; then  # (as on the instruction task)
+        start=" memory.init_span_fraction=0.4 memory.aux_loss_coef=2e-7"
+    fi
     echo "train_lm.py task=collision task.hard=false task.grid_size=${grid#g}" \
-        "memory=$memory memory.max_span=$span seed=$seed total_steps=3000" \
+        "memory=$memory memory.max_span=$span$start seed=$seed total_steps=3000" \
         "log_interval=50 eval_interval=250 checkpoint_interval=250"
 }
 
