@@ -195,13 +195,19 @@ def build_parts(overrides: list[str], threads: str, updates: int) -> RunParts:
     return RunParts(cfg, threads, agent, learner, player, unroll, bootstrap_truncated)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--updates", type=int, default=30, help="updates timed")
-    parser.add_argument("--warmup", type=int, default=10, help="updates before timing")
+def parse_run_args(description: str, updates: int, warmup: int, example: str) -> argparse.Namespace:
+    """The options of a benchmark of a train_rl.py run: --updates timed after --warmup ones,
+    --threads, and the run's overrides (``example``: one to show in the help)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--updates", type=int, default=updates, help="updates timed")
+    parser.add_argument("--warmup", type=int, default=warmup, help="updates before timing")
     parser.add_argument("--threads", default="auto", help="torch_threads")
-    parser.add_argument("overrides", nargs="*", help="train_rl.py overrides, e.g. preset=paper")
-    args = parser.parse_args()
+    parser.add_argument("overrides", nargs="*", help=f"train_rl.py overrides, e.g. {example}")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_run_args(__doc__.splitlines()[0], updates=30, warmup=10, example="preset=paper")
     run = build_parts(args.overrides, args.threads, args.warmup + args.updates)
     if run.player.device.type != "cpu":
         raise SystemExit(

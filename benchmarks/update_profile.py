@@ -24,7 +24,6 @@ import training  # noqa: F401  (first: it sets OpenMP's spin count, as for train
 
 # isort: split
 
-import argparse
 import json
 import time
 import traceback
@@ -35,7 +34,7 @@ from pathlib import Path
 import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
-from unroll_time import build_parts
+from unroll_time import build_parts, parse_run_args
 
 from agents.rollout import collect_unroll
 from training import SpanStats
@@ -124,12 +123,7 @@ def sync_sites(run_update) -> dict[str, int]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--updates", type=int, default=5, help="updates timed")
-    parser.add_argument("--warmup", type=int, default=3, help="updates before timing")
-    parser.add_argument("--threads", default="auto", help="torch_threads")
-    parser.add_argument("overrides", nargs="*", help="train_rl.py overrides, e.g. device=cuda")
-    args = parser.parse_args()
+    args = parse_run_args(__doc__.splitlines()[0], updates=5, warmup=3, example="device=cuda")
     total = args.warmup + args.updates + 2  # (the profiled update and the debugged one)
     run = build_parts(args.overrides, args.threads, total)
     agent, learner, player, unroll = run.agent, run.learner, run.player, run.unroll
