@@ -37,6 +37,7 @@ MMER_WINDOW = 64_000
 LEARNED_GAIN = 0.1  # in normalised units: a tenth of the task's range
 BOOTSTRAP_REPS = 2_000  # (rliable's default, 50,000, takes minutes per pair on one core)
 CONFIDENCE = 0.95
+MIN_COMPARED_RUNS = 2  # a setting compared with another: its runs, at least
 REFERENCE_KIND = "expire_span"
 NO_MEMORY = "mlp"
 
@@ -199,12 +200,16 @@ def setting_comparisons(
     metric of its runs: for each setting of `references` and each other setting, the
     probability that the reference improves on it (a run of it ends better than a run of the
     other, ties counting half) and its 95% bootstrap interval. The probability depends on
-    order only, so the metric needs no range: an error or bits per byte is turned round."""
+    order only, so the metric needs no range: an error or bits per byte is turned round.
+    Settings of fewer than MIN_COMPARED_RUNS runs are compared with none: resampling a single
+    run gives an interval of no width, which would read as a resolved difference."""
     from rliable import metrics
 
     sign = -1.0 if lower_is_better else 1.0
     columns = {
-        name: sign * np.asarray(values, dtype=float)[:, None] for name, values in finals.items()
+        name: sign * np.asarray(values, dtype=float)[:, None]
+        for name, values in finals.items()
+        if len(values) >= MIN_COMPARED_RUNS
     }
     return {
         (reference, other): _bootstrap(
@@ -212,7 +217,7 @@ def setting_comparisons(
         )
         for reference in references
         for other in finals
-        if other != reference
+        if other != reference and reference in columns and other in columns
     }
 
 

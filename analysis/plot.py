@@ -66,6 +66,7 @@ from omegaconf import OmegaConf
 from agents import BASELINE_KINDS
 from analysis.aggregate import (
     BOOTSTRAP_REPS,
+    MIN_COMPARED_RUNS,
     NORMALISED,
     REFERENCE_KIND,
     AggregateError,
@@ -799,10 +800,20 @@ def comparison_table(panel: Sequence[Setting]) -> str | None:
         [_column_label(s) for s in references],
         lower_is_better=metric.endswith(LOWER_BETTER),
     )
+    single = [label for label, values in finals.items() if len(values) < MIN_COMPARED_RUNS]
+    left_out = (
+        f"\n\nLeft out, with fewer than {MIN_COMPARED_RUNS} runs (no interval): "
+        + ", ".join(single)
+        if single
+        else ""
+    )
+    if not comparisons:
+        return f"{panel[0].group}, {metric}: no comparison.{left_out}"
     return (
         f"{panel[0].group}, {metric}: each Expire-Span setting against every other, over their "
         f"runs' final {metric} (rliable, {BOOTSTRAP_REPS} bootstrap samples):\n\n"
         + comparison_markdown(comparisons)
+        + left_out
     )
 
 

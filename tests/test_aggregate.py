@@ -110,6 +110,14 @@ def test_settings_of_one_task_are_compared_by_order_whatever_their_counts():
     assert table.splitlines()[2].startswith(f"| ES 1024 | {point:.3f} [")
 
 
+def test_a_setting_of_one_run_is_compared_with_none():
+    """A single run resampled is always itself: its interval would have no width and read as a
+    resolved difference, so it gets no comparison either way."""
+    finals = {"ES 1024": [0.1, 0.2], "ES 512": [0.3], "TXL 512": [0.4, 0.5]}
+    result = setting_comparisons(finals, ["ES 1024", "ES 512"], reps=REPS)
+    assert set(result) == {("ES 1024", "TXL 512")}
+
+
 def test_uneven_runs_per_task_cannot_be_stratified():
     runs = scores("a", "gru", [0.5, 0.6]) + scores("b", "gru", [0.5])
     with pytest.raises(AggregateError, match="as many runs"):
