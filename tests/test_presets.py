@@ -96,17 +96,23 @@ def test_a_run_names_its_files_and_every_value_of_theirs_it_replaces(preset, env
 def test_every_value_of_a_composed_file_is_one_that_a_named_method_runs():
     """Each file that a preset's run on a named env is composed from (the group files, the
     memory schema, rl.yaml) is run as it is by one of them: on that run's start-up line no
-    value of the file is replaced. agent/ppo.yaml is the default on MiniGrid, the schema the
-    paper's Corridor agent."""
+    value of the file is replaced. agent/ppo.yaml is the default on MiniGrid for a memory
+    that its tuning gave no setting of its own (configs/tuned/; no memory, here), the schema
+    the paper's Corridor agent."""
+    runs = [
+        (f"preset={preset}", f"env={env}")
+        for preset in ("default", "paper")
+        for env in ("corridor", "portal", "gym", "popgym", "minigrid_memory")
+    ]
+    runs.append(("preset=default", "env=minigrid_memory", "memory=mlp"))
     composed_from, run_as_is = set(), set()
-    for preset in ("default", "paper"):
-        for env in ("corridor", "portal", "gym", "popgym", "minigrid_memory"):
-            _, line = start_up_line("rl", f"preset={preset}", f"env={env}")
-            files, _, replacing = line.partition("; ")
-            names = {name.split(" ")[0] for name in files.split(") ", 1)[1].split(", ")}
-            replaced = set(re.findall(r"[(,] ?([\w/.]+): ", replacing))
-            composed_from |= names
-            run_as_is |= names - replaced
+    for overrides in runs:
+        _, line = start_up_line("rl", *overrides)
+        files, _, replacing = line.partition("; ")
+        names = {name.split(" ")[0] for name in files.split(") ", 1)[1].split(", ")}
+        replaced = set(re.findall(r"[(,] ?([\w/.]+): ", replacing))
+        composed_from |= names
+        run_as_is |= names - replaced
     assert {"agent/ppo.yaml", "agent/a2c.yaml", "memory/schema", "rl.yaml"} <= composed_from
     assert composed_from == run_as_is, sorted(composed_from - run_as_is)
 
