@@ -8,7 +8,7 @@
 # 200-202, the small model of configs/lm.yaml, 3,000 updates each (Transformer-XL at L = 512
 # erred 0.708 on seed 0's test split, constant answer 0.768; scripts/lm_tuning.sh). Expire-Span
 # starts its spans at 40% of L with alpha = 2e-7, as on the instruction task: on seed 0 at
-# L = 1024 it erred 0.700 with a memory of 795 so, against 0.710 and 610 at the task's
+# L = 1024 it erred 0.700 with a memory of 795, against 0.710 and 610 at the task's
 # settings (scripts/lm_tuning.sh). LANES at a time with one thread each.
 #   bash scripts/collision_easy.sh [LANES] [RUNS]
 #   python -m analysis.plot docs/results/collision_easy --out docs/results/collision_easy --markdown
