@@ -43,7 +43,11 @@ On CUDA the peak is the allocator's (`torch.cuda.max_memory_allocated`) over the
 less what was allocated before the model was built.
 
 Output: one JSON object per line: {"kind", "max_span", "ms_per_step", "tokens_per_s",
-"peak_mb", "avg_memory_size", "workload", "device", "precision"}.
+"peak_mb", "avg_memory_size", "workload", "device", "precision"}; with ``--profile`` also
+"profile": one more step under torch.profiler, per part ("forward", "backward", "optimizer"):
+the operations Python called, the host reads of a tensor's value (each a wait on a GPU), the
+operations of the most host time, and on a GPU the kernel launches, kernels, their device time
+and the host's waits; on a GPU also "sync_sites", where in the project's code a step waited.
 
     python benchmarks/memory_efficiency.py --quick
 """
@@ -65,13 +69,16 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from profiling import profile_parts, sync_sites, synchronize
 from torch import nn
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from memory import MemoryConfig, MemoryState, MemoryTransformer, kind_names
 from training.host import return_freed_memory
 
 VOCAB = 256
 COMPRESS_RATE = 4
+STEP_PARTS = ("forward", "backward", "optimizer")  # a training step's parts (--profile)
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workload", default="cpu", choices=WORKLOADS, help="model and batch")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="also profile one step: operations, host reads, (GPU) launches and kernels",
+    )
     parser.add_argument("--child", nargs=2, metavar=("KIND", "SPAN"), help=argparse.SUPPRESS)
     return parser.parse_args()
 
@@ -167,14 +179,17 @@ def train_step(
     """Forward, backward and Adam step on a block of random bytes; returns the core output."""
     block = model["core"].cfg.block_len
     data = torch.randint(VOCAB, (state.batch_size, block + 1), device=state.device)
-    with torch.autocast(state.device.type, torch.bfloat16) if bf16 else nullcontext():
-        out = model["core"](model["embed"](data[:, :-1]), state)
-        logits = model["head"](out.hidden)
-        loss = F.cross_entropy(logits.reshape(-1, VOCAB), data[:, 1:].reshape(-1))
-    loss = loss + out.aux_loss
+    with record_function("forward"):
+        with torch.autocast(state.device.type, torch.bfloat16) if bf16 else nullcontext():
+            out = model["core"](model["embed"](data[:, :-1]), state)
+            logits = model["head"](out.hidden)
+            loss = F.cross_entropy(logits.reshape(-1, VOCAB), data[:, 1:].reshape(-1))
+        loss = loss + out.aux_loss
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    optimizer.step()
+    with record_function("backward"):
+        loss.backward()
+    with record_function("optimizer"):
+        optimizer.step()
     return out
 
 
@@ -236,7 +251,7 @@ def measure(kind: str, max_span: int, steps: int, args: argparse.Namespace) -> d
     else:
         peak = megabytes("VmHWM") if exact else lifetime_peak_mb()
     seconds = sorted(times)[len(times) // 2]
-    return {
+    result = {
         "kind": kind,
         "max_span": max_span,
         "ms_per_step": round(1000 * seconds, 1),
@@ -247,12 +262,28 @@ def measure(kind: str, max_span: int, steps: int, args: argparse.Namespace) -> d
         "device": str(device),
         "precision": args.precision,
     }
+    if args.profile:
+        result["profile"] = profile_step(model, optimizer, out.state, bf16)
+    return result
 
 
-def synchronize(device: torch.device) -> None:
-    """Waits for the GPU's queued work, so that a timer reads the step's own time."""
+def profile_step(
+    model: nn.ModuleDict, optimizer: torch.optim.Optimizer, state: MemoryState, bf16: bool
+) -> dict:
+    """One more training step under torch.profiler, per part (`profiling.profile_parts`), and
+    on a GPU where another step waited for it (`profiling.sync_sites`)."""
+    device = state.device
+    activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        activities.append(ProfilerActivity.CUDA)
+    synchronize(device)
+    with profile(activities=activities) as profiled:
+        state = train_step(model, optimizer, state, bf16).state
+        synchronize(device)
+    summary = profile_parts(profiled.events(), device, STEP_PARTS)
+    if device.type == "cuda":
+        summary["sync_sites"] = sync_sites(lambda: train_step(model, optimizer, state, bf16))
+    return summary
 
 
 def main() -> None:
@@ -271,7 +302,7 @@ def main() -> None:
             command = [sys.executable, os.path.abspath(__file__), "--child", kind, str(span)]
             command += ["--steps", str(args.steps), "--threads", str(args.threads)]
             command += ["--workload", args.workload, "--device", args.device]
-            command += ["--precision", args.precision]
+            command += ["--precision", args.precision] + (["--profile"] if args.profile else [])
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
                 sys.exit(f"{kind} at max span {span} failed:\n{result.stderr}")

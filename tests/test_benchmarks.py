@@ -213,9 +213,10 @@ def test_the_trainers_shorten_openmp_spinning_before_torch_loads(module):
 @pytest.mark.slow
 def test_memory_efficiency_measures_a_training_step_of_each_kind():
     """One JSON line per kind: Transformer-XL keeps its whole span, Expire-Span's short spans
-    keep fewer memories, and tokens/s is the step's tokens over its time."""
+    keep fewer memories, and tokens/s is the step's tokens over its time; the profiled step
+    counts each part's operations, Adam's at least one per parameter."""
     command = [sys.executable, str(ROOT / "benchmarks" / "memory_efficiency.py"), "--steps", "1"]
-    command += ["--spans", "256", "--kinds", "expire_span", "transformer_xl"]
+    command += ["--spans", "256", "--kinds", "expire_span", "transformer_xl", "--profile"]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stderr
     rows = {row["kind"]: row for row in map(json.loads, result.stdout.splitlines())}
@@ -224,6 +225,13 @@ def test_memory_efficiency_measures_a_training_step_of_each_kind():
     for row in rows.values():
         assert row["tokens_per_s"] == pytest.approx(4 * 256 / row["ms_per_step"] * 1000, rel=0.01)
         assert row["peak_mb"] > 0 and (row["workload"], row["precision"]) == ("cpu", "fp32")
+        profile = row["profile"]
+        assert set(profile) == {"forward", "backward", "optimizer"}  # (no sync_sites on a CPU)
+        # the cpu workload: 4 layers of 6 weight matrices, plus the embedding and the head
+        assert profile["forward"]["ops"] >= 4 * 6 + 2 and profile["backward"]["ops"] > 0
+        assert profile["forward"]["host_reads"] >= 1  # (at least the memory size it reports)
+        assert profile["optimizer"]["ops"] >= 4 * 6 + 2
+        assert all("kernels" not in part for part in profile.values())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
