@@ -29,12 +29,14 @@ env configs that take any Gymnasium id (env=gym, env=popgym), where it is the id
 sweep gives one figure per POPGym task.
 
 A run's final metric: RL metrics are logged per interval and noisy, so it is the mean of the
-last FINAL_POINTS values; LM validation metrics are full passes over the validation prefix,
-and MMER is a running maximum, so for those it is the last one. Its memory size is averaged
-over the same records: `valid_memory_size` (memory during the validation pass) for
-validation metrics, `memory_size` otherwise. The metric is `success` on Corridor,
-`rooms_reached` on Portal, `mmer` on env=gym and env=popgym, `return` on other RL envs;
-validation bits per byte on enwik8/text and validation accuracy (or error) on other LM tasks.
+last FINAL_POINTS values; LM evaluation metrics are full passes over a split, and MMER is a
+running maximum, so for those it is the last one. Its memory size is averaged over the same
+records: `test_memory_size` or `valid_memory_size` (memory during that evaluation pass) for
+evaluation metrics, `memory_size` otherwise. The metric is `success` on Corridor,
+`rooms_reached` on Portal, `mmer` on env=gym and env=popgym, `return` on other RL envs; on
+LM tasks the test split's score that a finished run leaves in RUN_DIR/eval.json (what the
+paper reports: bits per byte on enwik8/text, accuracy or error on the other tasks), or, for a
+run without it (stopped, or `eval.after_training=false`), the last validation pass's.
 A run's training time is the sum of its logged intervals (steps over steps per second; RL
 runs only): checkpoints and evaluations are not counted.
 
@@ -48,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import re
@@ -78,7 +81,7 @@ from analysis.aggregate import (
 )
 from analysis.runs import LM, run_kind
 from envs.registry import NAMED_ENVS
-from training import CONFIG_FILE, METRICS_FILE, atomic_open, read_metrics
+from training import CONFIG_FILE, EVAL_FILE, METRICS_FILE, atomic_open, read_metrics
 from training.extras import installed
 
 FINAL_POINTS = 5
@@ -132,6 +135,9 @@ METRIC_LABELS = {
     "valid_bpb": "validation bits per byte (lower is better)",
     "valid_accuracy": "validation accuracy",
     "valid_error": "validation error (lower is better)",
+    "test_bpb": "test bits per byte (lower is better)",
+    "test_accuracy": "test accuracy",
+    "test_error": "test error (lower is better)",
 }
 
 
@@ -300,6 +306,8 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         raise PlotError(str(error)) from error
     if not records:
         raise NotReadyError(f"{run_dir}: {METRICS_FILE} is empty")
+    if is_lm:
+        records += test_evaluation(run_dir)
     chosen = next((key for key in candidates if _series(records, key)), None)
     if chosen is None:
         raise NotReadyError(f"{run_dir}: no values of {' or '.join(candidates)} logged yet")
@@ -325,6 +333,20 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         total_steps=OmegaConf.select(cfg, "total_steps"),
         config=_flatten(OmegaConf.to_container(cfg)),
     )
+
+
+def test_evaluation(run_dir: Path) -> list[dict[str, Any]]:
+    """The test split's scores of a finished LM run (RUN_DIR/eval.json) as one more record of
+    its metrics, or none where it has no such file or it scored another split."""
+    path = run_dir / EVAL_FILE
+    if not path.is_file():
+        return []
+    try:
+        evaluation = json.loads(path.read_text())
+    except json.JSONDecodeError as error:
+        raise PlotError(f"{path} is not valid JSON: {error}") from error
+    scores = {key: value for key, value in evaluation.items() if key.startswith("test_")}
+    return [{"step": evaluation["step"], **scores}] if scores else []
 
 
 def memory_size_key(metric: str, records: list[dict[str, Any]]) -> str:
@@ -627,8 +649,8 @@ def _metric_candidates(name: str, is_lm: bool) -> tuple[str, ...]:
     name = name.lower()
     if is_lm:
         if name in TEXT_TASKS:
-            return ("valid_bpb", "bpb")
-        return ("valid_accuracy", "valid_error", "accuracy", "error")
+            return ("test_bpb", "valid_bpb", "bpb")
+        return ("test_accuracy", "test_error", "valid_accuracy", "valid_error", "accuracy", "error")
     return (NAMED_ENVS[name].score,) if name in NAMED_ENVS else ("return",)
 
 

@@ -11,7 +11,8 @@
 # L = 1024 it erred 0.700 with a memory of 795, against 0.710 and 610 at the task's
 # settings (scripts/lm_tuning.sh). LANES at a time with one thread each.
 #   bash scripts/collision_easy.sh [LANES] [RUNS]
-#   python -m analysis.plot docs/results/collision_easy --out docs/results/collision_easy --markdown
+#   python -m analysis.plot docs/results/collision_easy --out docs/results/collision_easy --markdown \
+#       --metric test_error                         # (table 7: the test split's error)
 #   python -m analysis.collision_probe RUNS/NAME     # which questions a model misses, by age
 # Runs go to RUNS (runs/lm-sweeps/collision-easy), each finished one's files to
 # docs/results/collision_easy/NAME (scripts/lanes.sh: the same command carries on).

@@ -21,6 +21,7 @@ from tiny_rl import TINY_RL
 
 from analysis.plot import (
     FINAL_POINTS,
+    PlotError,
     label_settings,
     main,
     markdown_table,
@@ -322,6 +323,31 @@ def test_lm_validation_pairs_with_the_validation_memory_size(tmp_path):
     assert "held" not in markdown_table(summarize([result]))
     assert read_run(tmp_path / "run", last=2).memory_size == pytest.approx(56.0)
     assert read_run(tmp_path / "run", metric="train_loss").memory_size == pytest.approx(106.0)
+
+
+def test_a_finished_lm_run_reports_its_test_split_and_a_stopped_one_its_validation(tmp_path):
+    """The paper reports the test split: a finished run's eval.json gives the final metric and
+    the memory of that pass; a run without one (stopped) keeps its last validation pass, in a
+    figure of its own; --metric still picks the validation series."""
+    cfg = {"task": {"name": "instruction"}, "memory": {"kind": "expire_span"}, "seed": 0}
+    records = [
+        {"step": 250, "memory_size": 90.0, "valid_accuracy": 0.1, "valid_memory_size": 80.0},
+        {"step": 500, "memory_size": 91.0, "valid_accuracy": 0.3, "valid_memory_size": 81.0},
+    ]
+    for name in ("finished", "stopped"):
+        make_run(tmp_path / name, cfg, records)
+    evaluation = {"test_accuracy": 0.25, "test_error": 0.75, "test_memory_size": 70.0, "step": 500}
+    (tmp_path / "finished" / "eval.json").write_text(json.dumps({**evaluation, "seconds": 3.0}))
+    finished, stopped = read_run(tmp_path / "finished"), read_run(tmp_path / "stopped")
+    assert (finished.metric, finished.final, finished.memory_size) == ("test_accuracy", 0.25, 70.0)
+    assert (stopped.metric, stopped.final, stopped.memory_size) == ("valid_accuracy", 0.3, 81.0)
+    assert finished.steps == stopped.steps == 500
+    assert read_run(tmp_path / "finished", metric="test_error").final == 0.75
+    validation = read_run(tmp_path / "finished", metric="valid_accuracy")
+    assert (validation.final, validation.memory_size) == (0.3, 81.0)
+    (tmp_path / "finished" / "eval.json").write_text("{")
+    with pytest.raises(PlotError, match="eval.json is not valid JSON"):
+        read_run(tmp_path / "finished")
 
 
 def test_a_single_run_directory_is_accepted_once(tmp_path):
