@@ -37,8 +37,8 @@ evaluation metrics, `memory_size` otherwise. The metric is `success` on Corridor
 LM tasks the test split's score that a finished run leaves in RUN_DIR/eval.json (what the
 paper reports: bits per byte on enwik8/text, accuracy or error on the other tasks), or, for a
 run without it (stopped, or `eval.after_training=false`), the last validation pass's.
-A run's training time is the sum of its logged intervals (steps over steps per second; RL
-runs only): checkpoints and evaluations are not counted.
+A run's training time is the sum of its logged intervals (steps over steps per second; an
+LM run's tokens over tokens per second): checkpoints and evaluations are not counted.
 
 An RL run's last return is its last logged interval `return`. It *held* what it learned if no
 interval after it first came within PLATEAU of its best is more than HOLD_TOLERANCE below the
@@ -162,7 +162,7 @@ class RunResult:
     metric: str
     final: float
     memory_size: float | None
-    minutes: float | None  # training time, the sum of the logged intervals (RL runs)
+    minutes: float | None  # training time, the sum of the logged intervals
     last_return: float | None  # the last logged interval return (RL runs)
     held: bool | None  # no interval far below the best after it (RL runs); see held_best
     steps: int  # last logged step
@@ -306,6 +306,7 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         raise PlotError(str(error)) from error
     if not records:
         raise NotReadyError(f"{run_dir}: {METRICS_FILE} is empty")
+    minutes = training_minutes(records, lm_tokens_per_step(cfg) if is_lm else None)
     if is_lm:
         records += test_evaluation(run_dir)
     chosen = next((key for key in candidates if _series(records, key)), None)
@@ -326,13 +327,19 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         metric=chosen,
         final=_mean_of_last(_series(records, chosen), last),
         memory_size=_mean_of_last(memory_sizes, last) if memory_sizes else None,
-        minutes=training_minutes(records),
+        minutes=minutes,
         last_return=returns[-1] if returns else None,
         held=None if is_lm or not learned else held_best(learned),
         steps=int(records[-1]["step"]),
         total_steps=OmegaConf.select(cfg, "total_steps"),
         config=_flatten(OmegaConf.to_container(cfg)),
     )
+
+
+def lm_tokens_per_step(cfg: Any) -> int | None:
+    """The tokens per update that an LM run's `tokens_per_s` counts: batch_size blocks."""
+    batch, block = OmegaConf.select(cfg, "batch_size"), OmegaConf.select(cfg, "memory.block_len")
+    return batch * block if batch and block else None
 
 
 def test_evaluation(run_dir: Path) -> list[dict[str, Any]]:
@@ -357,14 +364,18 @@ def memory_size_key(metric: str, records: list[dict[str, Any]]) -> str:
     )
 
 
-def training_minutes(records: list[dict[str, Any]]) -> float | None:
-    """The sum of the logged intervals' durations (their steps over their steps per second),
-    or None if the run logs no `sps` (LM runs)."""
+def training_minutes(records: list[dict[str, Any]], tokens_per_step: int | None) -> float | None:
+    """The sum of the logged intervals' durations: their steps over their steps per second (RL
+    runs' `sps`), or their tokens over their tokens per second (LM runs' `tokens_per_s`, of
+    ``tokens_per_step`` per update); None where an interval logs neither."""
     seconds, previous = 0.0, 0
     for record in records:
-        if not record.get("sps"):
+        if record.get("sps"):
+            seconds += (record["step"] - previous) / record["sps"]
+        elif record.get("tokens_per_s") and tokens_per_step:
+            seconds += (record["step"] - previous) * tokens_per_step / record["tokens_per_s"]
+        else:
             return None
-        seconds += (record["step"] - previous) / record["sps"]
         previous = record["step"]
     return seconds / 60
 

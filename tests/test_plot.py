@@ -329,11 +329,13 @@ def test_a_finished_lm_run_reports_its_test_split_and_a_stopped_one_its_validati
     """The paper reports the test split: a finished run's eval.json gives the final metric and
     the memory of that pass; a run without one (stopped) keeps its last validation pass, in a
     figure of its own; --metric still picks the validation series."""
-    cfg = {"task": {"name": "instruction"}, "memory": {"kind": "expire_span"}, "seed": 0}
-    records = [
+    cfg = {"task": {"name": "instruction"}, "memory": {"kind": "expire_span", "block_len": 64}}
+    cfg |= {"seed": 0, "batch_size": 16}
+    records = [  # (1,024 tokens an update: 250 updates at 2,048 tokens/s, then 250 at 1,024)
         {"step": 250, "memory_size": 90.0, "valid_accuracy": 0.1, "valid_memory_size": 80.0},
         {"step": 500, "memory_size": 91.0, "valid_accuracy": 0.3, "valid_memory_size": 81.0},
     ]
+    records[0]["tokens_per_s"], records[1]["tokens_per_s"] = 2048.0, 1024.0
     for name in ("finished", "stopped"):
         make_run(tmp_path / name, cfg, records)
     evaluation = {"test_accuracy": 0.25, "test_error": 0.75, "test_memory_size": 70.0, "step": 500}
@@ -342,6 +344,7 @@ def test_a_finished_lm_run_reports_its_test_split_and_a_stopped_one_its_validati
     assert (finished.metric, finished.final, finished.memory_size) == ("test_accuracy", 0.25, 70.0)
     assert (stopped.metric, stopped.final, stopped.memory_size) == ("valid_accuracy", 0.3, 81.0)
     assert finished.steps == stopped.steps == 500
+    assert finished.minutes == stopped.minutes == pytest.approx((125 + 250) / 60)
     assert read_run(tmp_path / "finished", metric="test_error").final == 0.75
     validation = read_run(tmp_path / "finished", metric="valid_accuracy")
     assert (validation.final, validation.memory_size) == (0.3, 81.0)
