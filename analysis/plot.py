@@ -308,7 +308,7 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         raise NotReadyError(f"{run_dir}: {METRICS_FILE} is empty")
     minutes = training_minutes(records, lm_tokens_per_step(cfg) if is_lm else None)
     if is_lm:
-        records += test_evaluation(run_dir)
+        records += final_test_scores(run_dir)
     chosen = next((key for key in candidates if _series(records, key)), None)
     if chosen is None:
         raise NotReadyError(f"{run_dir}: no values of {' or '.join(candidates)} logged yet")
@@ -342,7 +342,7 @@ def lm_tokens_per_step(cfg: Any) -> int | None:
     return batch * block if batch and block else None
 
 
-def test_evaluation(run_dir: Path) -> list[dict[str, Any]]:
+def final_test_scores(run_dir: Path) -> list[dict[str, Any]]:
     """The test split's scores of a finished LM run (RUN_DIR/eval.json) as one more record of
     its metrics, or none where it has no such file or it scored another split."""
     path = run_dir / EVAL_FILE
