@@ -137,6 +137,7 @@ ADVANTAGE_SCALES = ("std", "returns", "none")
 def normalised(
     advantages: torch.Tensor,
     returns: torch.Tensor,
+    rewards: torch.Tensor,
     scale: str = "std",
     mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -149,19 +150,22 @@ def normalised(
     - "returns": the root mean square of the value targets ``returns``, i.e. advantages in
       units of the task's returns. Once a task is solved the advantages are value noise of
       tiny spread, which "std" would blow up to the size of the updates that learned it,
-      while the returns keep their size;
+      while the returns keep their size. An unroll whose ``rewards`` are all zero is only
+      centred: its returns are value noise too, and dividing by them would turn that noise
+      into updates the size of learning ones, which move the policy before any reward does;
     - "none": centred only.
     """
     if mask is not None:
-        advantages, returns = advantages[mask], returns[mask]
+        advantages, returns, rewards = advantages[mask], returns[mask], rewards[mask]
         return advantages.new_zeros(mask.shape).masked_scatter(
-            mask, normalised(advantages, returns, scale)
+            mask, normalised(advantages, returns, rewards, scale)
         )
     centred = advantages - advantages.mean()
     if scale == "std":
         return centred / advantages.std().clamp_min(1e-8)
-    if scale == "returns":
-        return centred / returns.square().mean().sqrt().clamp_min(1e-8)
+    if scale == "returns":  # (a tensor condition: no wait for the device)
+        rms = returns.square().mean().sqrt().clamp_min(1e-8)
+        return centred / torch.where(rewards.ne(0).any(), rms, torch.ones_like(rms))
     return centred
 
 

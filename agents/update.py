@@ -100,7 +100,9 @@ class Learner:
             unroll.truncation_values,
         )
         if self.cfg.name == "ppo":
-            advantages = normalised(advantages, returns, self.cfg.advantage_scale, unroll.mask)
+            advantages = normalised(
+                advantages, returns, unroll.rewards, self.cfg.advantage_scale, unroll.mask
+            )
         return advantages, returns
 
     def update(self, unroll: Unroll, update: int) -> dict[str, float]:

@@ -119,12 +119,35 @@ def test_advantages_are_normalised_over_the_whole_unroll():
     environment's advantages, constant but above the unroll's mean, stay positive."""
     advantages = torch.tensor([[0.0, 0.0, 0.0, 4.0], [2.0, 2.0, 2.0, 2.0]])
     returns = torch.tensor([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+    rewards = torch.tensor([[0.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
     centred = torch.tensor([[-1.5, -1.5, -1.5, 2.5], [0.5, 0.5, 0.5, 0.5]])  # mean 1.5
-    torch.testing.assert_close(normalised(advantages, returns, "none"), centred)
+    torch.testing.assert_close(normalised(advantages, returns, rewards, "none"), centred)
     std = 2**0.5  # of the unroll's advantages: sqrt((3 * 1.5^2 + 2.5^2 + 4 * 0.5^2) / 7)
-    torch.testing.assert_close(normalised(advantages, returns, "std"), centred / std)
+    torch.testing.assert_close(normalised(advantages, returns, rewards, "std"), centred / std)
     rms = 0.5**0.5  # of the returns: half ones, half zeros
-    torch.testing.assert_close(normalised(advantages, returns, "returns"), centred / rms)
+    torch.testing.assert_close(normalised(advantages, returns, rewards, "returns"), centred / rms)
+
+
+def test_an_unroll_without_reward_is_only_centred_in_units_of_the_returns():
+    """Before any reward the returns are value noise (spread 0.01 here): dividing by their RMS
+    would make the advantages' noise a hundred times larger, as large as learning's updates.
+    Centred only, it stays 0.01; one reward anywhere in the unroll, and they are divided
+    again. The mask keeps a reward outside the unroll's samples from counting."""
+    noise = 0.01 * torch.randn(8, 100, generator=torch.Generator().manual_seed(0))
+    no_reward = torch.zeros(8, 100)
+    unscaled = normalised(noise, noise, no_reward, "returns")
+    torch.testing.assert_close(unscaled, noise - noise.mean())
+    one_reward = no_reward.clone()
+    one_reward[3, 50] = 1.0
+    rms = noise.square().mean().sqrt()
+    torch.testing.assert_close(normalised(noise, noise, one_reward, "returns"), unscaled / rms)
+    assert normalised(noise, noise, one_reward, "returns").std().item() > 50 * unscaled.std()
+    mask = torch.ones(8, 100, dtype=torch.bool)
+    mask[3, 50:] = False  # the reward fell after environment 3's episode ended
+    torch.testing.assert_close(
+        normalised(noise, noise, one_reward, "returns", mask)[mask],
+        normalised(noise[mask], noise[mask], no_reward[mask], "returns"),
+    )
 
 
 def test_solved_task_noise_is_not_blown_up_by_the_returns_scale():
@@ -132,8 +155,10 @@ def test_solved_task_noise_is_not_blown_up_by_the_returns_scale():
     their std makes that noise unit-size; in units of the returns it stays small."""
     noise = 0.02 * torch.randn(8, 100, generator=torch.Generator().manual_seed(0))
     returns = 0.9 + noise
-    assert normalised(noise, returns, "std").std().item() == pytest.approx(1.0)
-    assert normalised(noise, returns, "returns").std().item() == pytest.approx(0.02 / 0.9, rel=0.1)
+    rewards = torch.ones(8, 100)
+    assert normalised(noise, returns, rewards, "std").std().item() == pytest.approx(1.0)
+    returns_scaled = normalised(noise, returns, rewards, "returns")
+    assert returns_scaled.std().item() == pytest.approx(0.02 / 0.9, rel=0.1)
 
 
 def test_default_advantages_are_unit_size_on_any_reward():
@@ -150,9 +175,10 @@ def test_default_advantages_are_unit_size_on_any_reward():
         advantages, returns = generalized_advantages(
             rewards, values, dones, torch.zeros(8), 0.99, 0.95
         )
-        scaled = normalised(advantages, returns, scale)
+        scaled = normalised(advantages, returns, rewards, scale)
         assert scaled.std().item() == pytest.approx(1.0)
-        torch.testing.assert_close(normalised(advantages, returns + 100.0, scale), scaled)
+        shifted = normalised(advantages, returns + 100.0, rewards + 1.0, scale)
+        torch.testing.assert_close(shifted, scaled)
 
 
 def _adam_steps(name: str, gradients: list[float]) -> list[float]:
@@ -198,7 +224,7 @@ def _policy_steps(agent_cfg, learning: int, solved: int) -> tuple[float, float]:
             advantages = 0.02 * torch.randn(1, 64)
             returns = 1.0 + advantages
         old = torch.log_softmax(logits.detach(), -1).gather(-1, actions[..., None])[..., 0]
-        scaled = normalised(advantages, returns, agent_cfg.advantage_scale)
+        scaled = normalised(advantages, returns, returns, agent_cfg.advantage_scale)
         terms = ppo_loss(logits, returns, actions, old, scaled, returns, agent_cfg.clip)
         loss = terms.policy - agent_cfg.entropy_coef * terms.entropy
         before = policy.weight.detach().clone()
