@@ -506,8 +506,9 @@ def test_the_default_agent_solves_the_short_corridor_on_most_seeds(tmp_path):
     """Learning that really happens: the default agent (PPO, expire_span) on Corridor 3..20,
     from the command line, seeds 0-2 side by side. At least two of the three reach success
     >= 0.9 in two logging intervals in a row (64k steps; a coin flip at the doors gives 0.5)
-    within 192k steps, and end with a memory of fewer than 20."""
-    args = ["env.max_length=20", "total_steps=192000", "wandb.mode=disabled"]
+    within 160k steps, and end with a memory of fewer than 20. (Seeds 0-5 all reached it by
+    160k, four of them by 128k.)"""
+    args = ["env.max_length=20", "total_steps=160000", "wandb.mode=disabled"]
     lines = train_on_seeds([*args, "eval.after_training=false"], (0, 1, 2), tmp_path)
 
     def solved(run):
