@@ -12,7 +12,8 @@ al., *Deep RL at the Edge of the Statistical Precipice*, NeurIPS 2021).
   is reported as such and left out of the aggregates.
 - Across seeds and learned tasks: the **IQM** of final scores with a 95% stratified-bootstrap
   interval (runs resampled within each task), and the **probability of improvement** of a
-  reference memory over each other one, with its interval.
+  reference memory over each other one, with its interval. A memory with fewer than
+  MIN_COMPARED_RUNS runs per task is named and left out: its interval would have no width.
 
 Needs the `stats` extra (pip install -e ".[stats]").
 """
@@ -288,13 +289,23 @@ def aggregate_markdown(
         return text + "\n\nNo task was learned: nothing to aggregate.", result
     kept = [s for s in scores if s.task in aggregated]
     matrices = score_matrices(kept, aggregated)
+    single = [kind for kind in kinds if matrices[kind].shape[0] < MIN_COMPARED_RUNS]
+    left_out = (
+        f"\n\nLeft out of the aggregate, with fewer than {MIN_COMPARED_RUNS} runs per task (a "
+        f"single run resampled has an interval of no width): {', '.join(single)}"
+        if single
+        else ""
+    )
+    matrices = {kind: matrix for kind, matrix in matrices.items() if kind not in single}
+    if not matrices:
+        return text + left_out, result
     result["iqm"] = iqm_intervals(matrices, reps)
     result["improvement"] = improvement_intervals(matrices, reference, reps)
     rows = [
         f"| memory | runs | IQM [95% CI] | P({reference} > memory) [95% CI] |",
         "|---|---|---|---|",
     ]
-    for kind in kinds:
+    for kind in (kind for kind in kinds if kind in matrices):
         iqm = result["iqm"][kind]
         cell = "reference"
         if kind in result["improvement"]:
@@ -304,7 +315,7 @@ def aggregate_markdown(
     text += (
         f"\n\nAcross seeds and the {len(aggregated)} learned tasks ({', '.join(aggregated)}; "
         f"unlearned: {', '.join(result['unlearned']) or 'none'}), rliable, {reps} stratified "
-        "bootstrap samples:\n\n" + "\n".join(rows)
+        "bootstrap samples:\n\n" + "\n".join(rows) + left_out
     )
     return text, result
 

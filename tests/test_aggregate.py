@@ -198,3 +198,15 @@ def test_the_plot_command_compares_expire_span_with_each_setting_of_an_lm_task(t
     assert header.count("|") == 5  # three other settings for each row (two of them Expire-Span)
     assert "1.000 [1.000, 1.000]: improves" in rows["| Expire-Span 1024"]  # beats both others
     assert "0.000 [0.000, 0.000]: trails" in rows["| Expire-Span 512"]  # trails ES 1024
+
+
+def test_a_memory_of_one_run_per_task_is_left_out_of_the_aggregate():
+    """One seed per task resamples to itself: no IQM interval and no verdict for that memory,
+    and none at all when no memory has two runs a task."""
+    runs = scores("a", "expire_span", [0.9, 1.0]) + scores("a", "gru", [0.5, 0.6])
+    runs += scores("a", "lstm", [0.7])
+    text, result = aggregate_markdown(runs, reps=REPS)
+    assert set(result["iqm"]) == {"expire_span", "gru"} and set(result["improvement"]) == {"gru"}
+    assert text.endswith("(a single run resampled has an interval of no width): lstm")
+    text, result = aggregate_markdown([r for r in runs if r.seed == 0], reps=REPS)
+    assert "iqm" not in result and "no width): expire_span, gru, lstm" in text
