@@ -18,9 +18,10 @@ def episode_info(info: dict, next_step: bool) -> dict:
 
 
 class EpisodeStats:
-    """Running returns and lengths of a batch of environments, and the task's outcome of every
-    episode that ends (`success`, or a Gymnasium env's `is_success`, and `rooms_reached` for
-    Portal), as the info of the step that ended it reports them (`episode_info`)."""
+    """Running returns and lengths of a batch of environments, whether each episode that ends
+    was cut by its step limit (`truncated`: an agent that dithers, not one that chose wrong),
+    and the task's outcome (`success`, or a Gymnasium env's `is_success`, and `rooms_reached`
+    for Portal), as the info of the step that ended it reports them (`episode_info`)."""
 
     def __init__(self, num_envs: int, env_name: str, extra: tuple[str, ...] = ()) -> None:
         self.outcomes = named_env(env_name).outcomes + extra  # extra: more final info keys
@@ -31,20 +32,24 @@ class EpisodeStats:
     def record(
         self,
         reward: np.ndarray,
-        done: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
         final_info: dict,
         counted: np.ndarray,
         kept: np.ndarray | None = None,
     ) -> None:
-        """One step: its rewards, which episodes it ended and their info (`episode_info`);
-        ``counted``: False for a reset step, which belongs to no episode; ``kept``: False for
-        an environment whose finished episodes are no longer wanted (evaluation's quotas)."""
+        """One step: its rewards, which episodes it ended and how, and their info
+        (`episode_info`); ``counted``: False for a reset step, which belongs to no episode;
+        ``kept``: False for an environment whose finished episodes are no longer wanted
+        (evaluation's quotas)."""
         self.running_return += reward
         self.running_length += counted
+        done = terminated | truncated
         ended = done if kept is None else done & kept
         if ended.any():
             self._add("return", self.running_return[ended])
             self._add("episode_length", self.running_length[ended])
+            self._add("truncated", (truncated & ~terminated)[ended])
             for key in self.outcomes:
                 reported = [name for name in INFO_KEYS.get(key, (key,)) if name in final_info]
                 if reported:
@@ -78,7 +83,7 @@ class EpisodeStats:
         forget them. The keys are always the same, so ranks can average them."""
         means = {
             key: float(np.mean(self.finished[key])) if self.finished.get(key) else math.nan
-            for key in ("return", "episode_length", *self.outcomes)
+            for key in ("return", "episode_length", "truncated", *self.outcomes)
         }
         means["episodes"] = self.episodes
         self.finished = {}

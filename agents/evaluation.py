@@ -79,7 +79,11 @@ def evaluate_agent(
             eval_cfg.length_bins,
         )
         result["success_by_case"] = success_by_case(
-            finished["cue_color"], finished["good_door_north"], finished["success"], colors
+            finished["cue_color"],
+            finished["good_door_north"],
+            finished["success"],
+            finished["truncated"],
+            colors,
         )
     if probe is not None:
         result["spans"] = probe.summary()

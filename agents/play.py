@@ -99,7 +99,8 @@ class Player:
         next_obs, reward, terminated, truncated, info = self.vec_env.step(self.env_action(action))
         ended = terminated | truncated
         counted = ~self.resetting
-        self.stats.record(reward, ended, episode_info(info, self.next_step), counted, kept)
+        final_info = episode_info(info, self.next_step)
+        self.stats.record(reward, terminated, truncated, final_info, counted, kept)
         reward = torch.as_tensor(reward, dtype=torch.float32, device=self.device)
         step = Step(
             obs=self.obs,

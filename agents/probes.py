@@ -42,19 +42,34 @@ def success_by_length(
 
 
 def success_by_case(
-    cue_colors: list[float], good_door_north: list[float], successes: list[float], colors: tuple
+    cue_colors: list[float],
+    good_door_north: list[float],
+    successes: list[float],
+    truncated: list[float],
+    colors: tuple,
 ) -> list[dict]:
-    """Success rate per (cue colour, side of the good door) of the Corridor's episodes."""
-    cues, north, successes = map(np.asarray, (cue_colors, good_door_north, successes))
+    """Success rate per (cue colour, side of the good door) of the Corridor's episodes, and
+    the share of them cut by the step limit: a lost case is a wrong door where that share is
+    0, an agent that never takes a door where it is 1."""
+    cues, north = np.asarray(cue_colors), np.asarray(good_door_north).astype(bool)
     rows = []
     for index, color in enumerate(colors):
         for side, is_north in (("north", True), ("south", False)):
-            chosen = (cues == index) & (north.astype(bool) == is_north)
-            success = float(successes[chosen].mean()) if chosen.any() else None
+            chosen = (cues == index) & (north == is_north)
             rows.append(
-                {"cue": color, "good_door": side, "episodes": int(chosen.sum()), "success": success}
+                {
+                    "cue": color,
+                    "good_door": side,
+                    "episodes": int(chosen.sum()),
+                    "success": _mean(successes, chosen),
+                    "truncated": _mean(truncated, chosen),
+                }
             )
     return rows
+
+
+def _mean(values: list[float], chosen: np.ndarray) -> float | None:
+    return float(np.asarray(values)[chosen].mean()) if chosen.any() else None
 
 
 def keep_new_memories(state: MemoryState, chosen: torch.Tensor, span: float) -> None:

@@ -3,6 +3,7 @@
 import copy
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -21,6 +22,7 @@ from agents import (
 )
 from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
 from agents.distributions import log_prob_and_entropy, policy_kl, sample, sampling_noise
+from agents.episodes import EpisodeStats
 from agents.losses import (
     PolicyAnchor,
     actor_critic_loss,
@@ -679,17 +681,53 @@ def test_greedy_action_is_the_argmax_and_sampling_follows_the_policy():
     )
 
 
-def test_success_by_case_shows_one_lost_case_of_the_door_choice():
-    """An agent that takes the wrong door whenever the cue is blue and the good door north
-    succeeds in 3/4 of its episodes; the cases say which quarter is lost."""
+def test_success_by_case_shows_one_lost_case_of_the_door_choice_and_how_it_is_lost():
+    """An agent that takes the wrong door whenever the cue is blue and the good door north,
+    and never takes one when the cue is red and the good door south, succeeds in half of its
+    episodes; the cases say which quarters are lost, and which by the step limit."""
     rng = np.random.default_rng(0)
     cues, north = rng.integers(0, 2, 400), rng.integers(0, 2, 400).astype(bool)
-    success = ~((cues == 1) & north)
-    rows = success_by_case(cues.tolist(), north.tolist(), success.tolist(), ("red", "blue"))
-    lost = [(row["cue"], row["good_door"]) for row in rows if row["success"] == 0.0]
-    assert lost == [("blue", "north")]
-    assert all(row["success"] == 1.0 for row in rows if (row["cue"], row["good_door"]) not in lost)
+    timed_out = (cues == 0) & ~north
+    success = ~((cues == 1) & north) & ~timed_out
+    rows = success_by_case(
+        cues.tolist(), north.tolist(), success.tolist(), timed_out.tolist(), ("red", "blue")
+    )
+    cases = {(row["cue"], row["good_door"]): (row["success"], row["truncated"]) for row in rows}
+    assert cases == {
+        ("red", "north"): (1.0, 0.0),
+        ("red", "south"): (0.0, 1.0),
+        ("blue", "north"): (0.0, 0.0),
+        ("blue", "south"): (1.0, 0.0),
+    }
     assert sum(row["episodes"] for row in rows) == 400
+
+
+def test_episodes_cut_by_the_step_limit_are_told_from_those_that_took_a_door():
+    """Two Corridors of length 5 with a step limit of 8: one agent walks west forever and is
+    cut at every 8th step; the other walks to the end and takes a door, and never is."""
+    vec_env = gym.make_vec(
+        "MazeBase/Corridor-v0",
+        num_envs=2,
+        vectorization_mode="vector_entry_point",
+        min_length=5,
+        max_length=5,
+        max_steps=8,
+    )
+    stats = EpisodeStats(2, "corridor")
+    vec_env.reset(seed=[0, 1])
+    resetting, cut_by_env = np.zeros(2, dtype=bool), np.zeros(2, dtype=int)
+    for t in range(45):  # (five episodes of 8 steps and a reset step each)
+        west, east_then_north = 3, (1 if t % 6 < 5 else 0)
+        _, reward, terminated, truncated, info = vec_env.step(np.array([west, east_then_north]))
+        stats.record(reward, terminated, truncated, info, ~resetting)  # (next-step autoreset)
+        resetting = terminated | truncated
+        cut_by_env += truncated
+    assert cut_by_env.tolist() == [5, 0]
+    finished = stats.finished
+    cut = [length == 8 for length in finished["episode_length"]]
+    assert finished["truncated"] == [float(c) for c in cut] and sum(cut) == 5 < len(cut)
+    assert all(s == 0 for s, c in zip(finished["success"], cut, strict=True) if c)
+    assert stats.summary()["truncated"] == pytest.approx(5 / len(cut))
 
 
 def test_kept_memories_outlive_their_span_and_only_those():
