@@ -195,7 +195,9 @@ def build_parts(overrides: list[str], threads: str, updates: int) -> RunParts:
     return RunParts(cfg, threads, agent, learner, player, unroll, bootstrap_truncated)
 
 
-def parse_run_args(description: str, updates: int, warmup: int, example: str) -> argparse.Namespace:
+def run_arg_parser(
+    description: str, updates: int, warmup: int, example: str
+) -> argparse.ArgumentParser:
     """The options of a benchmark of a train_rl.py run: --updates timed after --warmup ones,
     --threads, and the run's overrides (``example``: one to show in the help)."""
     parser = argparse.ArgumentParser(description=description)
@@ -203,11 +205,12 @@ def parse_run_args(description: str, updates: int, warmup: int, example: str) ->
     parser.add_argument("--warmup", type=int, default=warmup, help="updates before timing")
     parser.add_argument("--threads", default="auto", help="torch_threads")
     parser.add_argument("overrides", nargs="*", help=f"train_rl.py overrides, e.g. {example}")
-    return parser.parse_args()
+    return parser
 
 
 def main() -> None:
-    args = parse_run_args(__doc__.splitlines()[0], updates=30, warmup=10, example="preset=paper")
+    parser = run_arg_parser(__doc__.splitlines()[0], updates=30, warmup=10, example="preset=paper")
+    args = parser.parse_args()
     run = build_parts(args.overrides, args.threads, args.warmup + args.updates)
     if run.player.device.type != "cpu":
         raise SystemExit(

@@ -17,6 +17,11 @@ device is a GPU), and one with CUDA's synchronisation debugging on. Prints one J
   their summed device time), ``copies`` (memory copies) and ``syncs`` (waits for the GPU);
 - ``sync_sites``: where in the project's code an operation waited for the GPU, with counts
   (CUDA only): the synchronisations inside an unroll or an update.
+
+``--compile-learner MODE`` compiles the agent the learner calls (its block-mode forward, and
+through AOTAutograd its backward) with ``torch.compile(mode=MODE, dynamic=True)``, MODE one of
+torch.compile's (``default``, ``reduce-overhead`` for CUDA graphs): what compiling a minibatch
+would gain, measured before the learner does it (compilation falls in the warm-up updates).
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import time
 import torch
 from profiling import profile_parts, sync_sites, synchronize
 from torch.profiler import ProfilerActivity, profile, record_function
-from unroll_time import build_parts, parse_run_args
+from unroll_time import build_parts, run_arg_parser
 
 from agents.rollout import collect_unroll
 from training import SpanStats
@@ -40,11 +45,19 @@ PARTS = ("acting", "learner")
 
 
 def main() -> None:
-    args = parse_run_args(__doc__.splitlines()[0], updates=5, warmup=3, example="device=cuda")
+    parser = run_arg_parser(__doc__.splitlines()[0], updates=5, warmup=3, example="device=cuda")
+    parser.add_argument(
+        "--compile-learner",
+        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
+        help="torch.compile the agent the learner calls, in this mode",
+    )
+    args = parser.parse_args()
     total = args.warmup + args.updates + 2  # (the profiled update and the debugged one)
     run = build_parts(args.overrides, args.threads, total)
     agent, learner, player, unroll = run.agent, run.learner, run.player, run.unroll
     cfg, device, bootstrap_truncated = run.cfg, run.player.device, run.bootstrap_truncated
+    if args.compile_learner:
+        learner.model = torch.compile(learner.model, mode=args.compile_learner, dynamic=True)
     index = 0
 
     def run_update(seconds: dict[str, float] | None = None) -> None:
@@ -76,6 +89,7 @@ def main() -> None:
         "overrides": args.overrides,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "num_envs": cfg.num_envs,
+        "compile_learner": args.compile_learner,
         "steps_per_s": round(args.updates * cfg.num_envs * cfg.unroll_len / sum(seconds.values())),
         "ms_per_update": {part: round(s / args.updates * 1000, 1) for part, s in seconds.items()},
         "memory_size": round(unroll.memory_size, 1),

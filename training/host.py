@@ -29,6 +29,8 @@ _TRIM_THRESHOLD = 2**30
 VALUES_PER_ACTING_THREAD = 8192
 # An RL run on a GPU with fewer environments than this leaves it mostly idle: on one H200 the
 # PPO default ran 3.9k steps/s with its 32 environments and about 115k with 1024 (9a8edc0).
+# Even 1024 kept that GPU busy only 10-30% of the time, bound by the host's operations
+# (docs/performance.md, "On a GPU"), so the hint names a floor, not a full GPU.
 GPU_FILLING_ENVS = 1024
 
 
@@ -134,6 +136,6 @@ def describe_device(device: torch.device, environments: int | None = None) -> st
         line += (
             f"; {environments} environments leave it mostly idle: give num_envs so that "
             f"{GPU_FILLING_ENVS} or more step at once (on an H200 the PPO default ran 3.9k "
-            "steps/s with 32, about 115k with 1024)"
+            "steps/s with 32, about 115k with 1024, 253k with 4096)"
         )
     return line
