@@ -19,9 +19,12 @@ device is a GPU), and one with CUDA's synchronisation debugging on. Prints one J
   (CUDA only): the synchronisations inside an unroll or an update.
 
 ``--compile-learner MODE`` compiles the agent the learner calls (its block-mode forward, and
-through AOTAutograd its backward) with ``torch.compile(mode=MODE, dynamic=True)``, MODE one of
-torch.compile's (``default``, ``reduce-overhead`` for CUDA graphs): what compiling a minibatch
-would gain, measured before the learner does it (compilation falls in the warm-up updates).
+through AOTAutograd its backward) with ``torch.compile(mode=MODE)``, MODE one of torch.compile's
+(``default``, ``reduce-overhead`` for CUDA graphs): what compiling a minibatch would gain,
+measured before the learner does it (compilation falls in the warm-up updates). Shapes start
+static and turn dynamic where they change (torch.compile's default: with ``dynamic=True`` from
+the start, torch 2.13's Inductor failed on the position term's strides on the CPU), and a
+region the compiler fails on runs eagerly, its error logged.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def main() -> None:
     agent, learner, player, unroll = run.agent, run.learner, run.player, run.unroll
     cfg, device, bootstrap_truncated = run.cfg, run.player.device, run.bootstrap_truncated
     if args.compile_learner:
-        learner.model = torch.compile(learner.model, mode=args.compile_learner, dynamic=True)
+        torch._dynamo.config.suppress_errors = True  # (a failed region runs eagerly)
+        learner.model = torch.compile(learner.model, mode=args.compile_learner)
     index = 0
 
     def run_update(seconds: dict[str, float] | None = None) -> None:
