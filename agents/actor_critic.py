@@ -177,12 +177,14 @@ class ActorCritic(nn.Module):
         state,
         episode_start: torch.Tensor,
         previous: Previous | None = None,
+        next_state: bool = True,
     ) -> tuple[PolicyParams, torch.Tensor, CoreOutput]:
         """Block mode: obs (B, T, *obs_shape), episode_start (B, T) -> the policy (logits
         (B, T, A); a tuple of them, one per component, for MultiDiscrete actions; a Gaussian
-        for Box actions), values (B, T) and the core's output."""
+        for Box actions), values (B, T) and the core's output (whose ``state`` is None
+        without ``next_state``: a learner's minibatch saves the memory's deletions)."""
         x = self.encode(obs, episode_start, previous)
-        out = self.core(x, state, episode_start)
+        out = self.core(x, state, episode_start, next_state)
         return self.policy(out.hidden), self.value(out.hidden).squeeze(-1), out
 
     @torch.no_grad()

@@ -62,7 +62,7 @@ class _EncodeAndStep(nn.Module):
     ):
         agent = self.agent
         x = agent.encode(obs, episode_start, previous)
-        call = Call(positions, positions, query_begin, begin, True, False, x.dtype, None)
+        call = Call(positions, positions, query_begin, begin, True, False, True, x.dtype, None)
         hidden, count, spans = layers_in_buffers(
             agent.core, x[:, None], [Slots(*b) for b in buffers], list(slots), call, True
         )

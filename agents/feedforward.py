@@ -38,9 +38,15 @@ class FeedForwardCore(nn.Module):
         return RecurrentState.from_state_dict(saved, device)
 
     def forward(
-        self, x: torch.Tensor, state: RecurrentState, episode_start: torch.Tensor | None = None
+        self,
+        x: torch.Tensor,
+        state: RecurrentState,
+        episode_start: torch.Tensor | None = None,
+        next_state: bool = True,
     ) -> CoreOutput:
         """Block mode (x (B, K, dim)) and step mode (x (B, dim)) alike: each step alone."""
-        return CoreOutput(self.norm(self.layers(x)), state, x.new_zeros(()), 0.0)
+        return CoreOutput(
+            self.norm(self.layers(x)), state if next_state else None, x.new_zeros(()), 0.0
+        )
 
     step = forward

@@ -203,8 +203,10 @@ class RecurrentCore(nn.Module):
         x: torch.Tensor,
         state: RecurrentState,
         episode_start: torch.Tensor | None = None,
+        next_state: bool = True,
     ):
-        """Block mode: x (B, K, dim), episode_start (B, K) bool."""
+        """Block mode: x (B, K, dim), episode_start (B, K) bool; ``next_state`` as for
+        ``memory.MemoryTransformer.forward``."""
         if self.kind == "gru":
             keep = None if episode_start is None else (~episode_start).to(x.dtype)
             hidden, h = self.gru(x, state.h, keep)
@@ -212,7 +214,8 @@ class RecurrentCore(nn.Module):
         else:
             hidden, state = self._lstm_between_starts(x, state, episode_start)
         zero = x.new_zeros(())
-        return CoreOutput(self.norm(hidden), state.map(torch.Tensor.detach), zero, 1.0)
+        state = state.map(torch.Tensor.detach) if next_state else None
+        return CoreOutput(self.norm(hidden), state, zero, 1.0)
 
     def _lstm_between_starts(
         self, x: torch.Tensor, state: RecurrentState, episode_start: torch.Tensor | None

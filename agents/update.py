@@ -131,6 +131,7 @@ class Learner:
                     start,
                     unroll.starts[index],
                     (previous[0][index], previous[1][index]),
+                    next_state=False,
                 )
                 actions, old_log_probs = unroll.actions[index], unroll.log_probs[index]
                 minibatch_mask = None if mask is None else mask[index]

@@ -88,12 +88,12 @@ class Compressive(MemoryKind):
             Segment(recent.keys, recent.values, log_mask(keep[:, None], call.dtype)),
         ]
         count = keep.sum() + older_keep.sum()
-        if not call.in_place:
+        if not call.in_place and call.next_state:
             kept = self.delete(recent, call, self.alive)
             compressed = self.delete(older, call, self.alive_compressed)
         width, window = self.window_of(recent.position, call)
         zero = torch.zeros((), dtype=call.dtype, device=count.device)
-        after = memory.replace(recent=kept, compressed=compressed)
+        after = memory.replace(recent=kept, compressed=compressed) if call.next_state else None
         return Read(segments, width, window, zero, count, after)
 
     def compress(self, attention: MemoryAttention, recent: Slots, call: Call) -> Slots:

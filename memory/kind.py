@@ -52,6 +52,7 @@ class Call:
     memory_begin: Tensor  # (B,) int64: episode begin before this call (that of the memories)
     in_place: bool  # step mode without gradients: append into the memory buffers
     recompute: bool  # gradients on: recompute memory keys, values and spans with live weights
+    next_state: bool  # the memory after the call is wanted (False: nothing is deleted for it)
     dtype: torch.dtype
     offsets: Tensor | None  # (Q,) t - start of every query, in dtype; None for one query
 
@@ -83,7 +84,7 @@ class Read(NamedTuple):
     window: Tensor | None  # their time offsets, or None when consecutive
     aux_loss: Tensor  # the kind's auxiliary loss for this call and layer
     count: Tensor  # sum over queries of the number of keys with m_ti > 0 (mean over heads)
-    memory: LayerMemory  # this layer's memory after the call
+    memory: LayerMemory | None  # this layer's memory after the call (None: not wanted)
     slots: Slots | None = None  # the keys' memories, in order (``attention_loss``)
 
 
@@ -183,10 +184,11 @@ class MemoryKind(nn.Module):
         else:
             aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
         segment = self.segment(self.restrict(m, slots, call), slots, call)
-        if not call.in_place:
+        if not call.in_place and call.next_state:
             recent = self.delete(slots, call, self.alive)
+        after = memory.replace(recent=recent) if call.next_state else None
         window = self.window_of(slots.position, call)
-        return Read([segment], *window, aux_loss, count, memory.replace(recent=recent), slots)
+        return Read([segment], *window, aux_loss, count, after, slots)
 
     def read_buffer(self, buffer: Slots, call: Call) -> tuple[Segment, Tensor]:
         """Step mode without gradients (``steps_in_buffer``), after the step's memory was

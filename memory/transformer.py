@@ -27,7 +27,7 @@ class CoreOutput:
     """What one call of the core returns."""
 
     hidden: Tensor  # (B, K, dim) in block mode, (B, dim) in step mode: final-normed outputs
-    state: MemoryState  # the memory after this call, detached
+    state: MemoryState | None  # the memory after this call, detached (None: not wanted)
     aux_loss: Tensor  # scalar: the kind's auxiliary loss for this call (0: none, or no gradients)
     memory_size: float  # average |C_t|: memories with m_ti > 0 per query, over queries and layers
     spans: tuple[Tensor, ...] | None = None  # per layer, e_i of the call's new memories (B, K)
@@ -176,13 +176,16 @@ class MemoryTransformer(nn.Module):
         x: Tensor,
         state: MemoryState,
         episode_start: Tensor | None = None,
+        next_state: bool = True,
     ) -> CoreOutput:
-        """Block mode: x (B, K, dim), episode_start (B, K) bool (tensor or array) or None."""
+        """Block mode: x (B, K, dim), episode_start (B, K) bool (tensor or array) or None.
+        With ``next_state`` False (a learner's minibatch, which discards the memory after the
+        call) nothing is deleted for a next call and the output's ``state`` is None."""
         if x.dim() != 3 or x.shape[-1] != self.cfg.dim:
             raise ValueError(
                 f"block mode expects x of shape (B, K, {self.cfg.dim}), got {tuple(x.shape)}"
             )
-        return self._run(x, state, episode_start, in_place=False)
+        return self._run(x, state, episode_start, in_place=False, next_state=next_state)
 
     def step(
         self, x: Tensor, state: MemoryState, episode_start: Tensor | None = None
@@ -223,7 +226,7 @@ class MemoryTransformer(nn.Module):
         """Where a step without gradients of ``batch`` inputs from ``state`` writes each
         layer's memory (a store with room for it) and the call every layer sees;
         `planned_output` finishes it."""
-        call = self._call(state, batch, 1, episode_start, True, dtype)
+        call = self._call(state, batch, 1, episode_start, True, True, dtype)
         begin = call.query_begin[:, 0]
         memories = [
             layer.kind.with_room(memory, state.time, begin)
@@ -260,9 +263,10 @@ class MemoryTransformer(nn.Module):
         state: MemoryState,
         episode_start: Tensor | None,
         in_place: bool,
+        next_state: bool = True,
     ) -> CoreOutput:
         batch, length, _ = x.shape
-        call = self._call(state, batch, length, episode_start, in_place, x.dtype)
+        call = self._call(state, batch, length, episode_start, in_place, next_state, x.dtype)
         h = x
         reads, spans = [], []
         for layer, memory in zip(self.layers, state.layers, strict=True):
@@ -270,7 +274,9 @@ class MemoryTransformer(nn.Module):
             reads.append(read)
             spans.append(span)
         memory_size = self._memory_size(sum(r.count for r in reads), batch * length)
-        new_state = MemoryState(call.next_time, call.next_begin, tuple(r.memory for r in reads))
+        new_state = None
+        if next_state:
+            new_state = MemoryState(call.next_time, call.next_begin, tuple(r.memory for r in reads))
         aux_loss = sum(r.aux_loss for r in reads)
         spans = None if spans[0] is None else tuple(span.detach() for span in spans)
         return CoreOutput(self.final_norm(h), new_state, aux_loss, memory_size, spans)
@@ -282,6 +288,7 @@ class MemoryTransformer(nn.Module):
         length: int,
         episode_start: Tensor | None,
         in_place: bool,
+        next_state: bool,
         dtype: torch.dtype,
     ) -> Call:
         if state.batch_size != batch:
@@ -308,6 +315,7 @@ class MemoryTransformer(nn.Module):
             query_begin=query_begin,
             memory_begin=state.episode_begin,
             in_place=in_place,
+            next_state=next_state,
             recompute=torch.is_grad_enabled(),
             dtype=dtype,
             offsets=torch.arange(length, device=device, dtype=dtype) if length > 1 else None,

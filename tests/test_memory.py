@@ -104,6 +104,36 @@ def test_gradients_do_not_change_outputs(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_a_call_without_next_state_learns_alike_and_deletes_nothing(kind, monkeypatch):
+    """A learner's minibatch discards the memory after its call: without ``next_state`` the
+    call compacts no store, and its outputs, loss and gradients are those of the full call."""
+    core = make_core(kind).train()
+    x = torch.randn(3, 24, 16)
+    starts = episode_starts(3, 24)
+    with torch.no_grad():
+        _, state = run_blocks(core, x[:, :16], starts[:, :16], 8)  # memories to delete from
+    compactions = []
+    monkeypatch.setattr(
+        "memory.store.compacted", lambda *args: compactions.append(1) or compacted(*args)
+    )
+    results = []
+    for next_state in (True, False):
+        core.zero_grad()
+        compactions.clear()
+        out = core(x[:, 16:], state, starts[:, 16:], next_state=next_state)
+        (out.hidden.square().sum() + out.aux_loss).backward()
+        gradients = [p.grad.clone() for p in core.parameters() if p.grad is not None]
+        results.append((out, gradients, len(compactions)))
+    (full, full_grads, full_compactions), (learning, grads, compactions) = results
+    assert learning.state is None and full.state is not None
+    assert full_compactions > 0 and compactions == 0
+    assert torch.equal(learning.hidden, full.hidden) and torch.equal(
+        learning.aux_loss, full.aux_loss
+    )
+    assert len(grads) == len(full_grads) and all(map(torch.equal, grads, full_grads))
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_episode_start_cuts_attention(kind):
     """After a boundary, an element's outputs are those of a fresh state: in block mode
     (boundary inside the second block) and in step mode."""
