@@ -289,7 +289,7 @@ def evaluate(
             logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE, reduction="sum"
         ).item()
         scored += int((y != IGNORE).sum())
-        memory_size += out.memory_size * x.shape[1]
+        memory_size += float(out.memory_size) * x.shape[1]
         if metric != "bpb":
             predictions.append(logits.argmax(-1).cpu().numpy())
     model.train(was_training)
@@ -465,7 +465,7 @@ def train_step(
         ("loss_sum", loss_sum.item()),
         ("scored", scored),
         ("aux_loss", float(out.aux_loss.detach())),
-        ("memory_size", out.memory_size),
+        ("memory_size", float(out.memory_size)),
         ("grad_norm", grad_norm.item()),
         ("steps", 1),
     ):

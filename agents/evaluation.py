@@ -53,7 +53,7 @@ def evaluate_agent(
     while remaining.any():
         kept = remaining > 0
         step = player.step(agent, eval_cfg.greedy, kept)
-        memory_sizes.append(step.out.memory_size)
+        memory_sizes.append(float(step.out.memory_size))
         if probe is not None:  # the memories written at this step saw `step.obs`
             in_view = None
             if probe_word is not None:

@@ -95,7 +95,7 @@ def collect_unroll(
         elif cut.any():
             final_obs = step.info["final_obs"][cut]
             unroll.truncation_values[cut, t] = final_values(agent, player, final_obs, cut, step)
-    unroll.memory_size /= unroll.length
+    unroll.memory_size = float(unroll.memory_size) / unroll.length  # (read once an unroll)
     # The bootstrap value (its state is not kept).
     _, _, unroll.bootstrap_value, _ = agent.act(
         player.obs, player.state, player.episode_start, player.previous

@@ -39,10 +39,13 @@ def make_optimizer(agent: torch.nn.Module, name: str, lr: float) -> torch.optim.
     )
 
 
-def minibatches(batch_size: int, count: int) -> list:
+def minibatches(batch_size: int, count: int, device: torch.device | str = "cpu") -> list:
     """``count`` random disjoint sets of whole environment sequences (each keeps its own
-    memory), of sizes that differ by at most one; [ALL] for one."""
-    return [ALL] if count == 1 else list(torch.randperm(batch_size).tensor_split(count))
+    memory), of sizes that differ by at most one, as indices on ``device`` (so that selecting
+    a minibatch on a GPU does not wait for it); [ALL] for one."""
+    if count == 1:
+        return [ALL]
+    return list(torch.randperm(batch_size).to(device).tensor_split(count))
 
 
 LOSS_KEYS = ("policy_loss", "value_loss", "entropy", "aux_loss", "anchor_kl")
@@ -124,7 +127,7 @@ class Learner:
         epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
         for _ in range(cfg.epochs):
             epochs_run, epoch_kl = epochs_run + 1, 0.0
-            for index in minibatches(unroll.rewards.shape[0], cfg.minibatches):
+            for index in minibatches(unroll.rewards.shape[0], cfg.minibatches, device):
                 start = unroll.start_state if index is ALL else unroll.start_state.select(index)
                 policy, values, out = self.model(
                     select_envs(unroll.obs, index),

@@ -236,7 +236,7 @@ def measure(kind: str, max_span: int, steps: int, args: argparse.Namespace) -> d
         out = train_step(model, optimizer, state, bf16)
         synchronize(device)
         times.append(time.perf_counter() - start)
-        sizes.append(out.memory_size)
+        sizes.append(float(out.memory_size))
         state = out.state
 
     if cuda:
@@ -244,7 +244,7 @@ def measure(kind: str, max_span: int, steps: int, args: argparse.Namespace) -> d
     exact = cuda or (return_freed_memory() and reset_peak())
     for _ in range(steps):
         out = train_step(model, optimizer, state, bf16)
-        sizes.append(out.memory_size)
+        sizes.append(float(out.memory_size))
         state = out.state
     if cuda:
         peak = torch.cuda.max_memory_allocated(device) / 2**20

@@ -102,7 +102,7 @@ def train(
                 "accuracy_at_d_max": (far_logits.argmax(-1) == far_bits).float().mean().item(),
                 "cue_span": [span[:, 0].mean().item() for span in out.spans],
                 "distractor_span": [span[:, 1:].mean().item() for span in out.spans],
-                "memory_size": out.memory_size,
+                "memory_size": float(out.memory_size),
             }
 
 

@@ -296,7 +296,9 @@ class MemoryKind(nn.Module):
         one can be closer than block_len to a query."""
         width = min(position.shape[1], self.window + call.num_queries)
         position = position[:, position.shape[1] - width :]
-        if call.num_queries > 1:  # worth checking for the cheaper case without holes
+        # worth checking for the cheaper case without holes where reading the check's answer
+        # costs nothing: on a CPU, and not where a GPU would wait or a compiled region break
+        if call.num_queries > 1 and position.is_cpu and not torch.compiler.is_compiling():
             expected = torch.arange(call.next_time - width, call.next_time, device=position.device)
             if bool(((position == expected) | (position < call.memory_begin[:, None])).all()):
                 return width, None  # (invisible keys may hold anything)

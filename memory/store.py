@@ -154,13 +154,18 @@ class SlotStore:
 
 
 def write_slot(buffer: Slots, slot: int | Tensor, new: Slots) -> None:
-    """Write the one-slot ``new`` into slot ``slot`` (an int, or a 0-d tensor in a compiled
-    step) of ``buffer``, in place (an indexed write of the whole buffer, which a compiled
-    step does in place)."""
-    index = torch.as_tensor(slot, device=buffer.position.device).reshape(1)
+    """Write the one-slot ``new`` into slot ``slot`` of ``buffer``, in place: an int slot
+    through a view (no index to copy to a GPU, which would wait for it), a 0-d tensor (a
+    compiled step's) by an indexed write of the whole buffer, which a compiled step does
+    in place."""
+    if isinstance(slot, int):
+        for target, source, axis in zip(buffer, new, SLOT_AXES, strict=True):
+            if target is not None:
+                target.narrow(axis, slot, 1).copy_(source)
+        return
     for target, source, axis in zip(buffer, new, SLOT_AXES, strict=True):
         if target is not None:
-            target.index_copy_(axis, index, source)
+            target.index_copy_(axis, slot.reshape(1), source)
 
 
 def compacted(

@@ -29,7 +29,9 @@ class CoreOutput:
     hidden: Tensor  # (B, K, dim) in block mode, (B, dim) in step mode: final-normed outputs
     state: MemoryState | None  # the memory after this call, detached (None: not wanted)
     aux_loss: Tensor  # scalar: the kind's auxiliary loss for this call (0: none, or no gradients)
-    memory_size: float  # average |C_t|: memories with m_ti > 0 per query, over queries and layers
+    # average |C_t|: memories with m_ti > 0 per query, over queries and layers; a 0-d float64
+    # tensor on the core's device, read (float()) when the caller can wait for the device
+    memory_size: Tensor | float
     spans: tuple[Tensor, ...] | None = None  # per layer, e_i of the call's new memories (B, K)
 
 
@@ -251,11 +253,11 @@ class MemoryTransformer(nn.Module):
         memory_size = self._memory_size(count, hidden.shape[0])
         return CoreOutput(hidden, replace(state, layers=layers), zero, memory_size, spans)
 
-    def _memory_size(self, count: Tensor, queries: int) -> float:
+    def _memory_size(self, count: Tensor, queries: int) -> Tensor:
         """Average memories seen per query and layer, from the count of keys seen by
         ``queries`` queries over all layers."""
         pairs = queries * len(self.layers)
-        return (float(count) - pairs) / pairs  # a query seeing itself is no memory
+        return (count.double() - pairs) / pairs  # a query seeing itself is no memory
 
     def _run(
         self,
