@@ -158,13 +158,12 @@ def write_slot(buffer: Slots, slot: int | Tensor, new: Slots) -> None:
     through a view (no index to copy to a GPU, which would wait for it), a 0-d tensor (a
     compiled step's) by an indexed write of the whole buffer, which a compiled step does
     in place."""
-    if isinstance(slot, int):
-        for target, source, axis in zip(buffer, new, SLOT_AXES, strict=True):
-            if target is not None:
-                target.narrow(axis, slot, 1).copy_(source)
-        return
     for target, source, axis in zip(buffer, new, SLOT_AXES, strict=True):
-        if target is not None:
+        if target is None:
+            continue
+        if isinstance(slot, int):
+            target.narrow(axis, slot, 1).copy_(source)
+        else:
             target.index_copy_(axis, slot.reshape(1), source)
 
 
