@@ -35,7 +35,7 @@ from agents.evaluation import evaluate_agent, record_episode
 from agents.losses import ADVANTAGE_SCALES
 from agents.play import Player
 from agents.rollout import Unroll, collect_unroll
-from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
+from agents.update import BEHAVIOUR_RATIO_ERROR, COMPILE_MODES, OPTIMIZERS, Learner
 from analysis.curves import plot_curves, rl_panels, run_label
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import kind_names
@@ -140,6 +140,8 @@ def check_learner(cfg: DictConfig) -> None:
             f"agent.minibatches={cfg.agent.minibatches} is more than num_envs={cfg.num_envs}: a "
             "minibatch holds whole environment sequences, so use at most one per environment"
         )
+    if cfg.compile_learner:
+        check_choice("compile_learner", cfg.compile_learner, COMPILE_MODES)
     if cfg.compile_acting:
         try:
             refuse_unchecked_target(resolve_device(cfg.device))
@@ -210,7 +212,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         resources.callback(vec_env.close)
         agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
         agent.to(dist.device)
-        learner = Learner(agent, cfg.agent, num_updates, dist)
+        learner = Learner(agent, cfg.agent, num_updates, dist, cfg.compile_learner or None)
         player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
         player.reset(env_seeds(cfg.seed, dist.rank, cfg.num_envs, "train"))
         unroll = Unroll(player, cfg.unroll_len)

@@ -22,8 +22,9 @@ class RecurrentState(NamedTuple):
     def map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> RecurrentState:
         return RecurrentState(fn(self.h), None if self.c is None else fn(self.c))
 
-    def select(self, index) -> RecurrentState:
-        """The state of the batch elements ``index`` (e.g. a minibatch of environments)."""
+    def select(self, index, fixed_shapes: bool = False) -> RecurrentState:
+        """The state of the batch elements ``index`` (e.g. a minibatch of environments); its
+        shapes are fixed whatever ``fixed_shapes`` says (`memory.MemoryState.select`)."""
         return self.map(lambda x: x[:, index])
 
     def state_dict(self) -> dict[str, torch.Tensor]:

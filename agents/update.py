@@ -27,6 +27,7 @@ from training.schedule import lr_fraction
 
 ALL = slice(None)
 OPTIMIZERS = ("rmsprop", "adam", "amsgrad")
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile's
 
 
 def make_optimizer(agent: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer:
@@ -73,10 +74,17 @@ class Learner:
     advantages and value targets by GAE, the learning rate's schedule over ``num_updates``,
     epochs over minibatches of whole environment sequences in block mode, and the KL anchor to
     the best policy (`PolicyAnchor`, ``agent.anchor_coef``). Under torchrun the gradients flow
-    through a DistributedDataParallel wrapper, and the ranks stop their epochs together."""
+    through a DistributedDataParallel wrapper, and the ranks stop their epochs together.
+    With ``compile_mode`` (a torch.compile mode) the minibatches' forward and backward run
+    compiled, from start memories of few shapes (`memory.MemoryState.select`)."""
 
     def __init__(
-        self, agent: ActorCritic, cfg: DictConfig, num_updates: int, dist: DistInfo
+        self,
+        agent: ActorCritic,
+        cfg: DictConfig,
+        num_updates: int,
+        dist: DistInfo,
+        compile_mode: str | None = None,
     ) -> None:
         self.agent, self.cfg, self.num_updates, self.dist = agent, cfg, num_updates, dist
         self.model = (  # what the gradients flow through: the agent itself in one process
@@ -84,6 +92,9 @@ class Learner:
             if dist.world_size > 1
             else agent
         )
+        self.fixed_shapes = bool(compile_mode)
+        if compile_mode:  # static shapes: each padded length compiles once
+            self.model = torch.compile(self.model, mode=compile_mode, dynamic=False)
         self.optimizer = make_optimizer(agent, cfg.optimizer, cfg.lr)
         self.anchor = PolicyAnchor(agent, cfg.anchor_from) if cfg.anchor_coef else None
 
@@ -128,7 +139,9 @@ class Learner:
         for _ in range(cfg.epochs):
             epochs_run, epoch_kl = epochs_run + 1, 0.0
             for index in minibatches(unroll.rewards.shape[0], cfg.minibatches, device):
-                start = unroll.start_state if index is ALL else unroll.start_state.select(index)
+                start = unroll.start_state
+                if index is not ALL or self.fixed_shapes:
+                    start = start.select(index, self.fixed_shapes)
                 policy, values, out = self.model(
                     select_envs(unroll.obs, index),
                     start,

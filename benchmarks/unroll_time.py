@@ -187,7 +187,7 @@ def build_parts(overrides: list[str], threads: str, updates: int) -> RunParts:
     agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
     dist = DistInfo(device=resolve_device(cfg.device))  # one process
     agent.to(dist.device)
-    learner = Learner(agent, cfg.agent, updates, dist)
+    learner = Learner(agent, cfg.agent, updates, dist, cfg.compile_learner or None)
     player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
     player.reset(env_seeds(cfg.seed, 0, cfg.num_envs, "train"))
     unroll = Unroll(player, cfg.unroll_len)

@@ -18,13 +18,9 @@ device is a GPU), and one with CUDA's synchronisation debugging on. Prints one J
 - ``sync_sites``: where in the project's code an operation waited for the GPU, with counts
   (CUDA only): the synchronisations inside an unroll or an update.
 
-``--compile-learner MODE`` compiles the agent the learner calls (its block-mode forward, and
-through AOTAutograd its backward) with ``torch.compile(mode=MODE)``, MODE one of torch.compile's
-(``default``, ``reduce-overhead`` for CUDA graphs): what compiling a minibatch would gain,
-measured before the learner does it (compilation falls in the warm-up updates). Shapes start
-static and turn dynamic where they change (torch.compile's default: with ``dynamic=True`` from
-the start, torch 2.13's Inductor failed on the position term's strides on the CPU), and a
-region the compiler fails on runs eagerly, its error logged.
+With the override ``compile_learner=MODE`` the learner runs compiled as in training (its
+compilations fall in the warm-up updates, one for each length its padded memories take), and
+a region the compiler fails on runs eagerly, its error logged.
 """
 
 from __future__ import annotations
@@ -49,19 +45,12 @@ PARTS = ("acting", "learner")
 
 def main() -> None:
     parser = run_arg_parser(__doc__.splitlines()[0], updates=5, warmup=3, example="device=cuda")
-    parser.add_argument(
-        "--compile-learner",
-        choices=("default", "reduce-overhead", "max-autotune-no-cudagraphs"),
-        help="torch.compile the agent the learner calls, in this mode",
-    )
     args = parser.parse_args()
     total = args.warmup + args.updates + 2  # (the profiled update and the debugged one)
+    torch._dynamo.config.suppress_errors = True  # (compile_learner: a failed region runs eagerly)
     run = build_parts(args.overrides, args.threads, total)
     agent, learner, player, unroll = run.agent, run.learner, run.player, run.unroll
     cfg, device, bootstrap_truncated = run.cfg, run.player.device, run.bootstrap_truncated
-    if args.compile_learner:
-        torch._dynamo.config.suppress_errors = True  # (a failed region runs eagerly)
-        learner.model = torch.compile(learner.model, mode=args.compile_learner)
     index = 0
 
     def run_update(seconds: dict[str, float] | None = None) -> None:
@@ -93,7 +82,7 @@ def main() -> None:
         "overrides": args.overrides,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "num_envs": cfg.num_envs,
-        "compile_learner": args.compile_learner,
+        "compile_learner": cfg.compile_learner,
         "steps_per_s": round(args.updates * cfg.num_envs * cfg.unroll_len / sum(seconds.values())),
         "ms_per_update": {part: round(s / args.updates * 1000, 1) for part, s in seconds.items()},
         "memory_size": round(unroll.memory_size, 1),

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 EMPTY = -1  # position of an empty slot
@@ -140,6 +141,19 @@ class SlotStore:
             *compacted(view, alive(view), lambda kept: max(n, MIN_SPARE_SLOTS, kept // 2))
         )
 
+    def padded(self, index: Tensor | slice) -> SlotStore:
+        """The slots of the batch elements ``index`` in a new buffer of `padded_length`, with
+        empty slots in front: nothing is compacted, so no length is read back from the device."""
+        slots = self.view()
+        front = padded_length(slots.length) - slots.length
+        fields = []
+        for t, axis, empty in zip(slots, SLOT_AXES, EMPTY_SLOT, strict=True):
+            if t is not None:
+                after = [0, 0] * (t.dim() - 1 - axis)  # (F.pad lists the last axis first)
+                t = F.pad(t[index], [*after, front, 0], value=empty)
+            fields.append(t)
+        return SlotStore(Slots(*fields), slots.length + front)
+
     def appended(self, new: Slots) -> SlotStore:
         """Write ``new`` after the last slot, in place (requires ``can_append``)."""
         for target, source, axis in zip(self.buffer, new, SLOT_AXES, strict=True):
@@ -151,6 +165,15 @@ class SlotStore:
         """The store with ``n`` more slots, already written into its buffer after the last."""
         self._written[0] = self.length + n
         return SlotStore(self.buffer, self.length + n, self._written)
+
+
+def padded_length(length: int) -> int:
+    """The least of 8, 12, 16, 24, 32, 48, ... (2^k and 3 * 2^(k-1)) that holds ``length``
+    slots: stores padded to it take few lengths, at most a third of each empty."""
+    size = 8
+    while size < length:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
 
 
 def write_slot(buffer: Slots, slot: int | Tensor, new: Slots) -> None:
@@ -250,10 +273,13 @@ class LayerMemory:
     def stores(self) -> list[SlotStore]:
         return [part for part in self.parts.values() if isinstance(part, SlotStore)]
 
-    def select(self, index: Tensor) -> LayerMemory:
-        """The memories of the batch elements ``index``."""
+    def select(self, index: Tensor | slice, fixed_shapes: bool = False) -> LayerMemory:
+        """The memories of the batch elements ``index``; with ``fixed_shapes``, each store
+        padded (`SlotStore.padded`) instead of compacted."""
 
         def pick(part: Part) -> Part:
+            if isinstance(part, SlotStore) and fixed_shapes:
+                return part.padded(index)
             if isinstance(part, SlotStore):
                 slots = Slots(*(None if t is None else t[index] for t in part.view()))
                 return SlotStore.of(slots.survivors(slots.position != EMPTY))
@@ -316,7 +342,7 @@ class MemoryState:
     is layer l's memory (``LayerMemory``), whose parts its memory kind defines.
     """
 
-    time: int
+    time: int | Tensor  # (a 0-d int64 tensor in a state of fixed shapes, see ``select``)
     episode_begin: Tensor  # (B,) int64
     layers: tuple[LayerMemory, ...]
 
@@ -328,10 +354,17 @@ class MemoryState:
     def device(self) -> torch.device:
         return self.episode_begin.device
 
-    def select(self, index: Tensor) -> MemoryState:
-        """The memories of the batch elements ``index`` (e.g. a minibatch of environments)."""
-        layers = tuple(layer.select(index) for layer in self.layers)
-        return MemoryState(self.time, self.episode_begin[index], layers)
+    def select(self, index: Tensor | slice, fixed_shapes: bool = False) -> MemoryState:
+        """The memories of the batch elements ``index`` (e.g. a minibatch of environments).
+        With ``fixed_shapes`` (for a compiled learner), every store keeps all its slots,
+        padded in front with empty slots to one of few lengths (`padded_length`), and
+        ``time`` is a tensor: from one update to the next a compiled call then sees few
+        shapes and no new constant, and selecting waits for nothing on a GPU. The outputs
+        are those of the compacted memory up to float rounding (empty slots weigh exactly 0,
+        but sums run over more terms)."""
+        layers = tuple(layer.select(index, fixed_shapes) for layer in self.layers)
+        time = torch.tensor(self.time, device=self.device) if fixed_shapes else self.time
+        return MemoryState(time, self.episode_begin[index], layers)
 
     def state_dict(self, needed: Sequence[Mapping[str, Tensor]] | None = None) -> dict:
         """The memory as tensors and plain values, for `torch.load(weights_only=True)`;

@@ -299,7 +299,7 @@ class MemoryTransformer(nn.Module):
                 "start a new state with core.initial_state(batch_size) to change batch size"
             )
         device = state.device
-        positions = torch.arange(state.time, state.time + length, device=device).expand(batch, -1)
+        positions = (state.time + torch.arange(length, device=device)).expand(batch, -1)
         query_begin = state.episode_begin[:, None].expand(batch, length)
         if episode_start is not None:
             if episode_start.shape != (batch, length):

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # One device call's GPU checks and figures, most needed first, within BUDGET seconds (a call
 # that outlasts its limit brings nothing back, so every step has its own limit and a step
-# starts only with the time for it left). What 2026-11-28's call left open (docs/performance.md,
-# "On a GPU"): what compiling the learner's minibatch gains (benchmarks/update_profile.py
-# --compile-learner, with the compiled acting step), the PPO default's throughput at 4096
-# environments, the language model's step at every span (benchmarks/lm_gpu.py), then the full
-# Corridor's candidate GPU settings on two more tuning seeds (scripts/gpu_corridor.sh) with
-# what time is left. Each step appends to a file of OUT_DIR (at most 8 files come back from a
-# call); log.txt says when each step started and how it ended.
+# starts only with the time for it left). What is open (docs/performance.md, "On a GPU"): the
+# PPO default's throughput at 4096 environments, the language model's step at every span
+# (benchmarks/lm_gpu.py), what the compiled learner gains (compile_learner=default, then
+# reduce-overhead: memories padded to few lengths, one compilation each, with the compiled
+# acting step), then the full Corridor's candidate GPU settings on two more tuning seeds
+# (scripts/gpu_corridor.sh) with what time is left. Each step appends to a file of OUT_DIR
+# (at most 8 files come back from a call); log.txt says when each step started and how it
+# ended.
 #   bash scripts/gpu_benchmarks.sh OUT_DIR [BUDGET]
 set -uo pipefail
 out=$1 budget=${2:-500}
@@ -31,13 +32,13 @@ step() {  # LIMIT FILE COMMAND...: COMMAND's output appended to OUT_DIR/FILE, wi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
     python -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"
     git log --oneline -1 2>/dev/null; } >"$out/device.txt" 2>&1
-for mode in default reduce-overhead; do
-    step 170 profile.jsonl python benchmarks/update_profile.py --warmup 3 --updates 3 \
-        --compile-learner "$mode" device=cuda num_envs=1024 env.max_length=20 \
-        wandb.mode=disabled compile_acting=true
-done
 step 90 throughput.jsonl python benchmarks/throughput.py --settings gpu_ppo_4096
 step 240 lm_gpu.jsonl python benchmarks/lm_gpu.py
+for mode in default reduce-overhead; do
+    step 180 profile.jsonl python benchmarks/update_profile.py --warmup 6 --updates 3 \
+        device=cuda num_envs=1024 env.max_length=20 wandb.mode=disabled compile_acting=true \
+        "compile_learner=$mode"
+done
 wall=$((deadline - SECONDS - 30))
 if ((wall >= 120)); then
     step $((wall + 20)) log.txt bash scripts/gpu_corridor.sh /tmp/gpu_corridor "$wall" 1 2

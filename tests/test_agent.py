@@ -1,6 +1,7 @@
 """The actor-critic agent: its losses' formulas and that block mode replays step mode."""
 
 import copy
+from collections.abc import Callable
 from pathlib import Path
 
 import gymnasium as gym
@@ -8,7 +9,9 @@ import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
+from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
+from tiny_rl import TINY_RL
 from torch._inductor.exc import CppCompileError
 from torch.distributions import Categorical, kl_divergence
 
@@ -20,6 +23,7 @@ from agents import (
     RecurrentCore,
     compiled_step,
 )
+from agents.build import build_agent
 from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
 from agents.distributions import log_prob_and_entropy, policy_kl, sample, sampling_noise
 from agents.episodes import EpisodeStats
@@ -30,14 +34,20 @@ from agents.losses import (
     normalised,
     ppo_loss,
 )
+from agents.play import Player
 from agents.probes import keep_new_memories, success_by_case, success_by_length
 from agents.recurrent import GRULayers, RecurrentState
-from agents.update import make_optimizer, minibatches
+from agents.rollout import Unroll, collect_unroll
+from agents.update import Learner, make_optimizer, minibatches
 from analysis.module_swap import module_group, module_groups, swapped
 from analysis.span_drift import drift_split
+from envs.registry import make_vector_env
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.expire_span import SpanPredictor
-from memory.store import EMPTY
+from memory.store import EMPTY, padded_length
+from training import SpanStats
+from training.distributed import DistInfo
+from training.seeding import env_seeds
 
 OBS_SHAPE = (3, 3, 7)
 WINDOW = spaces.Box(0, 1, OBS_SHAPE, np.uint8)  # a MazeBase word window
@@ -538,6 +548,56 @@ def test_a_compiled_step_acts_as_the_eager_step(kind, action_space, target, monk
     ]
     torch.testing.assert_close(greedy[1], greedy[0], atol=1e-5, rtol=0)
     assert compiled.compiled_step.signature == (B, True, False)
+
+
+def test_a_compiled_learner_compiles_once_for_each_padded_length(monkeypatch):
+    """compile_learner: the start memory's length and time index change from one update to
+    the next, but the learner pads its minibatches' stores to few lengths and hands the
+    time in as a tensor, so that its model compiles once for each padded length (counted
+    here with Dynamo's graphs, run eagerly), and each update is the eager learner's."""
+    graphs = []
+
+    def counted(graph: torch.fx.GraphModule, inputs: list) -> Callable:
+        graphs.append(graph)
+        return graph.forward
+
+    compile_model = torch.compile
+    monkeypatch.setattr(
+        torch,
+        "compile",
+        lambda model, mode, dynamic: compile_model(model, backend=counted, dynamic=dynamic),
+    )
+    torch._dynamo.reset()
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[*TINY_RL, "compile_learner=default"])
+    torch.manual_seed(0)
+    vec_env = make_vector_env(cfg.env, cfg.num_envs)
+    agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
+    dist = DistInfo(device=torch.device("cpu"))
+    compiled = Learner(agent, cfg.agent, 10, dist, cfg.compile_learner)
+    eager = Learner(agent, cfg.agent, 10, dist)
+    player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
+    player.reset(env_seeds(cfg.seed, 0, cfg.num_envs, "train"))
+    unroll = Unroll(player, cfg.unroll_len)
+    padded, times = set(), set()
+    for update in range(8):
+        collect_unroll(agent, player, unroll, SpanStats(), False)
+        stores = [store for layer in unroll.start_state.layers for store in layer.stores()]
+        padded.add(tuple(padded_length(store.length) for store in stores))
+        times.add(unroll.start_state.time)
+        before = copy.deepcopy((agent.state_dict(), compiled.optimizer.state_dict()))
+        random = torch.get_rng_state()  # (the same minibatches for both)
+        learned = compiled.update(unroll, update)
+        weights = copy.deepcopy(agent.state_dict())
+        agent.load_state_dict(before[0])
+        eager.optimizer.load_state_dict(before[1])
+        torch.set_rng_state(random)
+        assert eager.update(unroll, update) == pytest.approx(learned, rel=1e-5, abs=1e-7)
+        torch.testing.assert_close(agent.state_dict(), weights, rtol=1e-5, atol=1e-6)
+        compiled.optimizer.load_state_dict(eager.optimizer.state_dict())
+    vec_env.close()
+    assert len(padded) >= 3 and len(times) == 8
+    assert len(graphs) == len(padded)
 
 
 def test_biases_added_apart_from_their_products_give_the_same_outputs():

@@ -12,7 +12,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from memory import MemoryConfig, MemoryTransformer, kind_names
-from memory.store import EMPTY, MIN_SPARE_SLOTS, Slots, compacted
+from memory.store import EMPTY, MIN_SPARE_SLOTS, Slots, compacted, padded_length
 
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
 # every kind with eq. 4's renormalisation, and the soft masks without it
@@ -132,6 +132,52 @@ def test_a_call_without_next_state_learns_alike_and_deletes_nothing(kind, monkey
         learning.aux_loss, full.aux_loss
     )
     assert len(grads) == len(full_grads) and all(map(torch.equal, grads, full_grads))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_minibatch_of_fixed_shapes_learns_as_the_compacted_one(kind):
+    """``select(index, fixed_shapes=True)`` (a compiled learner's minibatch) pads every store
+    in front to `padded_length` instead of compacting it, reads nothing back from the tensors
+    to do so, and gives the outputs, aux loss and gradients of the compacted minibatch to
+    float rounding."""
+    core = make_core(kind).train()
+    x = torch.randn(4, 24, 16)
+    starts = episode_starts(4, 24)
+    with torch.no_grad():
+        _, state = run_blocks(core, x[:, :16], starts[:, :16], 8)
+    index = torch.tensor([3, 1])
+    results = []
+    for fixed_shapes in (False, True):
+        with HostReads() as host:
+            minibatch = state.select(index, fixed_shapes)
+        core.zero_grad()
+        out = core(x[index, 16:], minibatch, starts[index, 16:], next_state=False)
+        (out.hidden.square().sum() + out.aux_loss).backward()
+        gradients = [p.grad.clone() for p in core.parameters() if p.grad is not None]
+        results.append((out, gradients, minibatch, host.reads))
+    (compact, compact_grads, compacted_state, _), (fixed, grads, fixed_state, reads) = results
+    assert reads == [] and isinstance(fixed_state.time, torch.Tensor)
+    stores = [
+        (whole.length, short.length, padded.length)
+        for layers in zip(state.layers, compacted_state.layers, fixed_state.layers, strict=True)
+        for whole, short, padded in zip(*(layer.stores() for layer in layers), strict=True)
+    ]
+    assert all(padded == padded_length(whole) >= short for whole, short, padded in stores)
+    assert any(padded > short for _, short, padded in stores)
+    torch.testing.assert_close(fixed.hidden, compact.hidden, rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(fixed.aux_loss, compact.aux_loss, rtol=1e-5, atol=1e-9)
+    assert len(grads) == len(compact_grads)
+    for grad, expected in zip(grads, compact_grads, strict=True):
+        torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_padded_lengths_are_few_and_at_most_a_third_empty():
+    lengths = [padded_length(n) for n in range(1, 20_000)]
+    assert [padded_length(n) for n in (0, 8, 9, 13, 100, 165, 193)] == [8, 8, 12, 16, 128, 192, 256]
+    assert all(
+        n <= length and (n <= 8 or length - n < length / 3) for n, length in enumerate(lengths, 1)
+    )
+    assert len(set(lengths)) == 24  # 8, 12, 16, 24, ..., 16384, 24576
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -55,6 +55,7 @@ def steps_logged(run_dir):
         ("seed=-1", "seed=-1 must be >= 0"),
         ("agent.optimizer=sgd", "rmsprop"),
         ("agent.lr_schedule=cosine", "linear"),
+        ("compile_learner=fast", "compile_learner=fast is not a known compile_learner"),
         ("wandb.mode=sometimes", "offline"),
         ("mode=eval", "checkpoint=PATH"),
         ("agent.minibatches=33", "at most one per environment"),
