@@ -141,18 +141,18 @@ class SlotStore:
             *compacted(view, alive(view), lambda kept: max(n, MIN_SPARE_SLOTS, kept // 2))
         )
 
-    def padded(self, index: Tensor | slice) -> SlotStore:
-        """The slots of the batch elements ``index`` in a new buffer of `padded_length`, with
+    def padded(self, index: Tensor | slice, length: int) -> SlotStore:
+        """The slots of the batch elements ``index`` in a new buffer of ``length`` slots, with
         empty slots in front: nothing is compacted, so no length is read back from the device."""
         slots = self.view()
-        front = padded_length(slots.length) - slots.length
+        front = length - slots.length
         fields = []
         for t, axis, empty in zip(slots, SLOT_AXES, EMPTY_SLOT, strict=True):
             if t is not None:
                 after = [0, 0] * (t.dim() - 1 - axis)  # (F.pad lists the last axis first)
                 t = F.pad(t[index], [*after, front, 0], value=empty)
             fields.append(t)
-        return SlotStore(Slots(*fields), slots.length + front)
+        return SlotStore(Slots(*fields), length)
 
     def appended(self, new: Slots) -> SlotStore:
         """Write ``new`` after the last slot, in place (requires ``can_append``)."""
@@ -168,12 +168,10 @@ class SlotStore:
 
 
 def padded_length(length: int) -> int:
-    """The least of 8, 12, 16, 24, 32, 48, ... (2^k and 3 * 2^(k-1)) that holds ``length``
-    slots: stores padded to it take few lengths, at most a third of each empty."""
-    size = 8
-    while size < length:
-        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
-    return size
+    """The least power of two, at least 8, that holds ``length`` slots: stores padded to it
+    take few lengths (a run's memories shrinking from 200 slots to 20 see five), each at
+    most half empty."""
+    return max(8, 1 << max(length - 1, 0).bit_length())
 
 
 def write_slot(buffer: Slots, slot: int | Tensor, new: Slots) -> None:
@@ -273,19 +271,21 @@ class LayerMemory:
     def stores(self) -> list[SlotStore]:
         return [part for part in self.parts.values() if isinstance(part, SlotStore)]
 
-    def select(self, index: Tensor | slice, fixed_shapes: bool = False) -> LayerMemory:
-        """The memories of the batch elements ``index``; with ``fixed_shapes``, each store
-        padded (`SlotStore.padded`) instead of compacted."""
+    def select(
+        self, index: Tensor | slice, lengths: Mapping[str, int] | None = None
+    ) -> LayerMemory:
+        """The memories of the batch elements ``index``; with ``lengths``, each store padded
+        to the length given for its part (`SlotStore.padded`) instead of compacted."""
 
-        def pick(part: Part) -> Part:
-            if isinstance(part, SlotStore) and fixed_shapes:
-                return part.padded(index)
+        def pick(name: str, part: Part) -> Part:
+            if isinstance(part, SlotStore) and lengths is not None:
+                return part.padded(index, lengths[name])
             if isinstance(part, SlotStore):
                 slots = Slots(*(None if t is None else t[index] for t in part.view()))
                 return SlotStore.of(slots.survivors(slots.position != EMPTY))
             return part[index]
 
-        return LayerMemory(**{name: pick(part) for name, part in self.parts.items()})
+        return LayerMemory(**{name: pick(name, part) for name, part in self.parts.items()})
 
     def state_dict(
         self, needed: Mapping[str, Tensor] | None = None
@@ -357,12 +357,19 @@ class MemoryState:
     def select(self, index: Tensor | slice, fixed_shapes: bool = False) -> MemoryState:
         """The memories of the batch elements ``index`` (e.g. a minibatch of environments).
         With ``fixed_shapes`` (for a compiled learner), every store keeps all its slots,
-        padded in front with empty slots to one of few lengths (`padded_length`), and
-        ``time`` is a tensor: from one update to the next a compiled call then sees few
-        shapes and no new constant, and selecting waits for nothing on a GPU. The outputs
-        are those of the compacted memory up to float rounding (empty slots weigh exactly 0,
-        but sums run over more terms)."""
-        layers = tuple(layer.select(index, fixed_shapes) for layer in self.layers)
+        padded in front with empty slots to the `padded_length` of the longest store of its
+        part over the layers, and ``time`` is a tensor: from one update to the next a
+        compiled call then sees few shapes and no new constant, and selecting waits for
+        nothing on a GPU. The outputs are those of the compacted memory up to float rounding
+        (empty slots weigh exactly 0, but sums run over more terms)."""
+        lengths = None
+        if fixed_shapes:
+            lengths = {}
+            for layer in self.layers:
+                for name, part in layer.parts.items():
+                    if isinstance(part, SlotStore):
+                        lengths[name] = max(lengths.get(name, 0), padded_length(part.length))
+        layers = tuple(layer.select(index, lengths) for layer in self.layers)
         time = torch.tensor(self.time, device=self.device) if fixed_shapes else self.time
         return MemoryState(time, self.episode_begin[index], layers)
 

@@ -44,7 +44,7 @@ from analysis.span_drift import drift_split
 from envs.registry import make_vector_env
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.expire_span import SpanPredictor
-from memory.store import EMPTY, padded_length
+from memory.store import EMPTY
 from training import SpanStats
 from training.distributed import DistInfo
 from training.seeding import env_seeds
@@ -582,8 +582,8 @@ def test_a_compiled_learner_compiles_once_for_each_padded_length(monkeypatch):
     padded, times = set(), set()
     for update in range(8):
         collect_unroll(agent, player, unroll, SpanStats(), False)
-        stores = [store for layer in unroll.start_state.layers for store in layer.stores()]
-        padded.add(tuple(padded_length(store.length) for store in stores))
+        fixed = unroll.start_state.select(slice(None), fixed_shapes=True)
+        padded.add(tuple(store.length for layer in fixed.layers for store in layer.stores()))
         times.add(unroll.start_state.time)
         before = copy.deepcopy((agent.state_dict(), compiled.optimizer.state_dict()))
         random = torch.get_rng_state()  # (the same minibatches for both)
