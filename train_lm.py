@@ -54,6 +54,7 @@ from lm.model import LanguageModel, trained_model
 from memory import CoreOutput, MemoryConfig, MemoryState, kind_names
 from training import (
     CHECKPOINT_FILE,
+    COMPILE_MODES,
     EVAL_FILE,
     METRICS_FILE,
     ConfigError,
@@ -108,6 +109,8 @@ def check_config(cfg: DictConfig) -> None:
     check_choice("mode", cfg.mode, ("train", "eval"))
     check_choice("task", cfg.task.name, TASKS)
     check_choice("precision", cfg.precision, PRECISIONS)
+    if cfg.compile_step:
+        check_choice("compile_step", cfg.compile_step, COMPILE_MODES)
     if cfg.precision == "bf16" and resolve_device(cfg.device).type != "cuda":
         raise ConfigError(
             "precision=bf16 autocasts the training step on CUDA only: on a CPU without bfloat16 "
@@ -351,6 +354,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             if dist.is_distributed
             else model
         )
+        if cfg.compile_step:  # static shapes: each padded length of the memory compiles once
+            ddp_model = torch.compile(ddp_model, mode=cfg.compile_step, dynamic=False)
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, fused=True)
         progress = LMProgress()
         if checkpoint is not None:
@@ -435,13 +440,16 @@ def train_step(
 ) -> CoreOutput:
     """One update on block `progress.step` mod (row length // K) of every row, the memory
     carried from the block before (detached); adds to the interval sums. `ddp_model` is
-    `model`, or its DistributedDataParallel wrapper under torchrun."""
+    `model`, or its DistributedDataParallel wrapper under torchrun, compiled with
+    ``compile_step``."""
     started = time.perf_counter()
     K = cfg.memory.block_len
     position = progress.step % (rows.inputs.shape[1] // K)
     if position == 0:  # each row starts over from its beginning: nothing to remember
         progress.state = model.initial_state(rows.inputs.shape[0], dist.device)
     x, y = block(rows, position * K, K, dist.device)
+    if cfg.compile_step:  # the memory in few shapes, its dead slots deleted: one host read
+        progress.state = progress.state.compacted()
     scored = int((y != IGNORE).sum())
     # The loss is the mean over every rank's scored targets, as in one process: DDP averages
     # the ranks' gradients, so each rank scales its sum by world_size / total.

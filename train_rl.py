@@ -35,12 +35,13 @@ from agents.evaluation import evaluate_agent, record_episode
 from agents.losses import ADVANTAGE_SCALES
 from agents.play import Player
 from agents.rollout import Unroll, collect_unroll
-from agents.update import BEHAVIOUR_RATIO_ERROR, COMPILE_MODES, OPTIMIZERS, Learner
+from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
 from analysis.curves import plot_curves, rl_panels, run_label
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import kind_names
 from training import (
     BEST_CHECKPOINT_FILE,
+    COMPILE_MODES,
     EVAL_FILE,
     METRICS_FILE,
     ConfigError,

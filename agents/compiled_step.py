@@ -62,7 +62,18 @@ class _EncodeAndStep(nn.Module):
     ):
         agent = self.agent
         x = agent.encode(obs, episode_start, previous)
-        call = Call(positions, positions, query_begin, begin, True, False, True, x.dtype, None)
+        call = Call(
+            start=positions,
+            positions=positions,
+            query_begin=query_begin,
+            memory_begin=begin,
+            in_place=True,
+            recompute=False,
+            next_state=True,
+            fixed_shapes=False,
+            dtype=x.dtype,
+            offsets=None,
+        )
         hidden, count, spans = layers_in_buffers(
             agent.core, x[:, None], [Slots(*b) for b in buffers], list(slots), call, True
         )

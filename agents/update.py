@@ -27,7 +27,6 @@ from training.schedule import lr_fraction
 
 ALL = slice(None)
 OPTIMIZERS = ("rmsprop", "adam", "amsgrad")
-COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")  # torch.compile's
 
 
 def make_optimizer(agent: torch.nn.Module, name: str, lr: float) -> torch.optim.Optimizer:

@@ -2,7 +2,8 @@
 enwik8-sized core (12 layers of 512, 8 heads, blocks of 512, batch 8) for the four memory
 kinds at L = 1024, 4096 and 16384, Expire-Span's spans short as after training.
 
-    python benchmarks/lm_gpu.py [--precision bf16] [--device cuda:1] [--spans 1024]
+    python benchmarks/lm_gpu.py [--precision bf16] [--compile default] [--device cuda:1]
+        [--spans 1024]
 
 It is `python benchmarks/memory_efficiency.py --workload enwik8 --device cuda --threads 0`
 (whose docstring says how each figure is measured): one JSON object per line, each from a

@@ -11,7 +11,10 @@ R = 64; table 5); ``instruction_cpu``, the model of the instruction runs here (4
 4 heads, blocks of 64, batch 16, R = 32); ``enwik8``, the paper's enwik8-sized core (12 layers
 of 512, 8 heads, blocks of 512, batch 8), which `benchmarks/lm_gpu.py` runs on a GPU.
 ``--device cuda`` measures on the GPU (peak memory: torch's allocator), ``--precision bf16``
-autocasts the step to bfloat16 as `train_lm.py precision=bf16` does.
+autocasts the step to bfloat16 as `train_lm.py precision=bf16` does, ``--compile MODE``
+compiles its forward and backward as `train_lm.py compile_step=MODE` does (the memory compacted
+and padded to few lengths before every step, `MemoryState.compacted`; two more untimed steps
+compile it).
 
 State measured: the memory is warmed up to its steady state first (no-grad blocks until
 the oldest memory the kind can keep has been written), then one untimed training step
@@ -43,7 +46,7 @@ On CUDA the peak is the allocator's (`torch.cuda.max_memory_allocated`) over the
 less what was allocated before the model was built.
 
 Output: one JSON object per line: {"kind", "max_span", "ms_per_step", "tokens_per_s",
-"peak_mb", "avg_memory_size", "workload", "device", "precision"}; with ``--profile`` also
+"peak_mb", "avg_memory_size", "workload", "device", "precision", "compile"}; with ``--profile`` also
 "profile": one more step under torch.profiler, per part ("forward", "backward", "optimizer"):
 the operations Python called, the host reads of a tensor's value (each a wait on a GPU), the
 operations of the most host time, and on a GPU the kernel launches, kernels, their device time
@@ -64,6 +67,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -73,7 +77,8 @@ from profiling import profile_parts, sync_sites, synchronize
 from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from memory import MemoryConfig, MemoryState, MemoryTransformer, kind_names
+from memory import CoreOutput, MemoryConfig, MemoryState, MemoryTransformer, kind_names
+from training import COMPILE_MODES
 from training.host import return_freed_memory
 
 VOCAB = 256
@@ -114,6 +119,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--workload", default="cpu", choices=WORKLOADS, help="model and batch")
     parser.add_argument("--device", default="cpu", help="cpu | cuda | cuda:N")
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
+    parser.add_argument(
+        "--compile",
+        choices=COMPILE_MODES,
+        help="the step's forward and backward under torch.compile, as train_lm.py compile_step",
+    )
     parser.add_argument(
         "--profile",
         action="store_true",
@@ -173,18 +183,32 @@ def build(kind: str, max_span: int, work: Workload) -> tuple[nn.Module, MemoryTr
     return model, core
 
 
+def forward_loss(
+    model: nn.ModuleDict, data: torch.Tensor, state: MemoryState, bf16: bool
+) -> tuple[torch.Tensor, CoreOutput]:
+    """The loss of predicting each byte of ``data`` (B, K + 1) from those before it."""
+    with torch.autocast(state.device.type, torch.bfloat16) if bf16 else nullcontext():
+        out = model["core"](model["embed"](data[:, :-1]), state)
+        logits = model["head"](out.hidden)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), data[:, 1:].reshape(-1))
+    return loss + out.aux_loss, out
+
+
 def train_step(
-    model: nn.ModuleDict, optimizer: torch.optim.Optimizer, state: MemoryState, bf16: bool
-):
-    """Forward, backward and Adam step on a block of random bytes; returns the core output."""
+    model: nn.ModuleDict,
+    optimizer: torch.optim.Optimizer,
+    state: MemoryState,
+    bf16: bool,
+    forward: Callable = forward_loss,
+) -> CoreOutput:
+    """Forward (``forward_loss``, or its compiled version), backward and Adam step on a block
+    of random bytes; returns the core output."""
     block = model["core"].cfg.block_len
     data = torch.randint(VOCAB, (state.batch_size, block + 1), device=state.device)
     with record_function("forward"):
-        with torch.autocast(state.device.type, torch.bfloat16) if bf16 else nullcontext():
-            out = model["core"](model["embed"](data[:, :-1]), state)
-            logits = model["head"](out.hidden)
-            loss = F.cross_entropy(logits.reshape(-1, VOCAB), data[:, 1:].reshape(-1))
-        loss = loss + out.aux_loss
+        if state.fixed_shapes:  # a compiled step's: its dead memories deleted, padded again
+            state = state.compacted()
+        loss, out = forward(model, data, state, bf16)
     optimizer.zero_grad(set_to_none=True)
     with record_function("backward"):
         loss.backward()
@@ -227,13 +251,18 @@ def measure(kind: str, max_span: int, steps: int, args: argparse.Namespace) -> d
         for _ in range(math.ceil(reach / work.block) + 1):
             data = torch.randint(VOCAB, (work.batch, work.block), device=device)
             state = core(model["embed"](data), state).state
-    state = train_step(model, optimizer, state, bf16).state  # allocates Adam's state
+    forward = forward_loss
+    if args.compile:  # from a memory of few shapes, each compiled in the steps before timing
+        state = state.compacted()
+        forward = torch.compile(forward_loss, mode=args.compile, dynamic=False)
+    for _ in range(3 if args.compile else 1):  # the first allocates Adam's state
+        state = train_step(model, optimizer, state, bf16, forward).state
 
     times, sizes = [], []
     for _ in range(steps):
         synchronize(device)
         start = time.perf_counter()
-        out = train_step(model, optimizer, state, bf16)
+        out = train_step(model, optimizer, state, bf16, forward)
         synchronize(device)
         times.append(time.perf_counter() - start)
         sizes.append(float(out.memory_size))
@@ -243,7 +272,7 @@ def measure(kind: str, max_span: int, steps: int, args: argparse.Namespace) -> d
         torch.cuda.reset_peak_memory_stats(device)
     exact = cuda or (return_freed_memory() and reset_peak())
     for _ in range(steps):
-        out = train_step(model, optimizer, state, bf16)
+        out = train_step(model, optimizer, state, bf16, forward)
         sizes.append(float(out.memory_size))
         state = out.state
     if cuda:
@@ -261,14 +290,19 @@ def measure(kind: str, max_span: int, steps: int, args: argparse.Namespace) -> d
         "workload": args.workload,
         "device": str(device),
         "precision": args.precision,
+        "compile": args.compile or False,
     }
     if args.profile:
-        result["profile"] = profile_step(model, optimizer, out.state, bf16)
+        result["profile"] = profile_step(model, optimizer, out.state, bf16, forward)
     return result
 
 
 def profile_step(
-    model: nn.ModuleDict, optimizer: torch.optim.Optimizer, state: MemoryState, bf16: bool
+    model: nn.ModuleDict,
+    optimizer: torch.optim.Optimizer,
+    state: MemoryState,
+    bf16: bool,
+    forward: Callable,
 ) -> dict:
     """One more training step under torch.profiler, per part (`profiling.profile_parts`), and
     on a GPU where another step waited for it (`profiling.sync_sites`)."""
@@ -278,11 +312,13 @@ def profile_step(
         activities.append(ProfilerActivity.CUDA)
     synchronize(device)
     with profile(activities=activities) as profiled:
-        state = train_step(model, optimizer, state, bf16).state
+        state = train_step(model, optimizer, state, bf16, forward).state
         synchronize(device)
     summary = profile_parts(profiled.events(), device, STEP_PARTS)
     if device.type == "cuda":
-        summary["sync_sites"] = sync_sites(lambda: train_step(model, optimizer, state, bf16))
+        summary["sync_sites"] = sync_sites(
+            lambda: train_step(model, optimizer, state, bf16, forward)
+        )
     return summary
 
 
@@ -303,6 +339,7 @@ def main() -> None:
             command += ["--steps", str(args.steps), "--threads", str(args.threads)]
             command += ["--workload", args.workload, "--device", args.device]
             command += ["--precision", args.precision] + (["--profile"] if args.profile else [])
+            command += ["--compile", args.compile] if args.compile else []
             result = subprocess.run(command, capture_output=True, text=True)
             if result.returncode != 0:
                 sys.exit(f"{kind} at max span {span} failed:\n{result.stderr}")

@@ -59,7 +59,7 @@ class Compressive(MemoryKind):
 
     def alive(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         """Which recent memories are still in the FIFO for a query at ``time``."""
-        return slots.position >= self.oldest_in_fifo(torch.full_like(begin, time), begin)[:, None]
+        return slots.position >= self.oldest_in_fifo(time + torch.zeros_like(begin), begin)[:, None]
 
     def alive_compressed(self, slots: Slots, time: int, begin: Tensor) -> Tensor:
         return (slots.position >= time - self.reach) & (slots.position >= begin[:, None])

@@ -53,6 +53,7 @@ class Call:
     in_place: bool  # step mode without gradients: append into the memory buffers
     recompute: bool  # gradients on: recompute memory keys, values and spans with live weights
     next_state: bool  # the memory after the call is wanted (False: nothing is deleted for it)
+    fixed_shapes: bool  # the memory after the call keeps every slot, the dead ones emptied
     dtype: torch.dtype
     offsets: Tensor | None  # (Q,) t - start of every query, in dtype; None for one query
 
@@ -286,9 +287,16 @@ class MemoryKind(nn.Module):
         return old.cat(new), store
 
     def delete(self, slots: Slots, call: Call, alive: Alive) -> SlotStore:
-        """Block mode: keep only the memories the next call's first query can still see."""
+        """Block mode: keep only the memories the next call's first query can still see; in a
+        call of fixed shapes, all the slots, those of the memories it cannot see emptied
+        (`MemoryState.compacted` deletes them)."""
         slots = slots.detach()
-        return SlotStore.of(slots.survivors(alive(slots, call.next_time, call.next_begin)))
+        alive = alive(slots, call.next_time, call.next_begin)
+        if call.fixed_shapes:
+            return SlotStore(
+                slots._replace(position=slots.position.masked_fill(~alive, EMPTY)), slots.length
+            )
+        return SlotStore.of(slots.survivors(alive))
 
     def window_of(self, position: Tensor, call: Call) -> tuple[int, Tensor | None]:
         """The keys that can get a position term (A.1): the last ``block_len - 1`` memories
@@ -298,7 +306,9 @@ class MemoryKind(nn.Module):
         position = position[:, position.shape[1] - width :]
         # worth checking for the cheaper case without holes where reading the check's answer
         # costs nothing: on a CPU, and not where a GPU would wait or a compiled region break
-        if call.num_queries > 1 and position.is_cpu and not torch.compiler.is_compiling():
+        # (a call of fixed shapes is meant to be compiled)
+        cheap = position.is_cpu and not (call.fixed_shapes or torch.compiler.is_compiling())
+        if call.num_queries > 1 and cheap:
             expected = torch.arange(call.next_time - width, call.next_time, device=position.device)
             if bool(((position == expected) | (position < call.memory_begin[:, None])).all()):
                 return width, None  # (invisible keys may hold anything)

@@ -12,7 +12,10 @@ column, which keeps the relative-position window (A.1) at the end of the tensor.
 Deleting memories (section 4.2, "Block Parallel") is *compaction*: each element keeps its
 surviving slots in order, right-aligned, and the stored length becomes the largest number
 of survivors in the batch. Compute and storage therefore follow the memories that are
-still alive, not the maximum span L.
+still alive, not the maximum span L. A call from a state of fixed shapes (a compiled
+step's, `MemoryState.fixed_shapes`) empties the dead slots instead and keeps its shapes;
+`MemoryState.compacted` then deletes them in every store, reading all new lengths from the
+device at once.
 
 Step mode appends one slot per step into spare capacity instead of re-allocating the
 memory, and compacts only when the spare capacity runs out; slots that died in between
@@ -189,17 +192,24 @@ def write_slot(buffer: Slots, slot: int | Tensor, new: Slots) -> None:
 
 
 def compacted(
-    slots: Slots, alive: Tensor, spare: Callable[[int], int] = lambda kept: 0
+    slots: Slots,
+    alive: Tensor,
+    spare: Callable[[int], int] = lambda kept: 0,
+    length: int | None = None,
 ) -> tuple[Slots, int]:
     """``slots`` without those where ``alive`` (B, N) is False, each element's survivors in
     order and right-aligned (empty slots in front where it kept fewer than the most), followed
-    by ``spare(length)`` empty slots in the same new buffer; and ``length``, the slots kept.
-    Without spare slots, survivors that form a common suffix are a slice of ``slots``."""
+    by ``spare(length)`` empty slots in the same new buffer; and ``length``, the slots kept:
+    the most survivors of an element, read from the device unless the caller knows it.
+    Without spare slots, survivors that form a common suffix are a slice of ``slots`` (checked
+    where the length is read)."""
     count = alive.sum(1)
-    length = int(count.max()) if slots.length else 0
+    known = length is not None
+    if not known:
+        length = int(count.max()) if slots.length else 0
     room = spare(length)
     start = slots.length - length
-    if not room and bool(alive[:, start:].all()):
+    if not known and not room and bool(alive[:, start:].all()):
         return slots.narrow(start, length), length
     order = torch.sort(alive.to(torch.uint8), dim=1, stable=True).indices[:, start:]
     index = torch.nn.functional.pad(order, (0, room))  # (spare slots: emptied below)
@@ -354,6 +364,33 @@ class MemoryState:
     def device(self) -> torch.device:
         return self.episode_begin.device
 
+    @property
+    def fixed_shapes(self) -> bool:
+        """Whether this is a state of fixed shapes (`select`, `compacted`): a call of the core
+        from it keeps every slot of its memory, emptying those that die, for `compacted` to
+        delete, so that the call's shapes follow the stores' padded lengths only."""
+        return isinstance(self.time, Tensor)
+
+    def compacted(self) -> MemoryState:
+        """The state of fixed shapes that keeps this one's memories: every store without its
+        empty slots (those a call of fixed shapes emptied), then padded as `select` with
+        ``fixed_shapes`` pads it. The stores' new lengths are read from the device at once."""
+        stores = [store.view() for layer in self.layers for store in layer.stores()]
+        counts = [(slots.position != EMPTY).sum(1).amax() for slots in stores]
+        lengths = iter(torch.stack(counts).tolist() if counts else [])  # the one read
+        layers = []
+        for layer in self.layers:
+            parts = {}
+            for name, part in layer.parts.items():
+                if isinstance(part, SlotStore):
+                    slots = part.view()
+                    kept, length = compacted(slots, slots.position != EMPTY, length=next(lengths))
+                    part = SlotStore(kept, length)
+                parts[name] = part
+            layers.append(LayerMemory(**parts))
+        state = MemoryState(self.time, self.episode_begin, tuple(layers))
+        return state.select(slice(None), fixed_shapes=True)
+
     def select(self, index: Tensor | slice, fixed_shapes: bool = False) -> MemoryState:
         """The memories of the batch elements ``index`` (e.g. a minibatch of environments).
         With ``fixed_shapes`` (for a compiled learner), every store keeps all its slots,
@@ -370,7 +407,7 @@ class MemoryState:
                     if isinstance(part, SlotStore):
                         lengths[name] = max(lengths.get(name, 0), padded_length(part.length))
         layers = tuple(layer.select(index, lengths) for layer in self.layers)
-        time = torch.tensor(self.time, device=self.device) if fixed_shapes else self.time
+        time = torch.as_tensor(self.time, device=self.device) if fixed_shapes else self.time
         return MemoryState(time, self.episode_begin[index], layers)
 
     def state_dict(self, needed: Sequence[Mapping[str, Tensor]] | None = None) -> dict:
@@ -378,7 +415,7 @@ class MemoryState:
         ``needed[l]``: the slots of layer l whose h_i to keep (``LayerMemory.state_dict``)."""
         needed = needed or [{}] * len(self.layers)
         return {
-            "time": self.time,
+            "time": int(self.time),
             "episode_begin": self.episode_begin.cpu().clone(),
             "layers": [
                 layer.state_dict(kept) for layer, kept in zip(self.layers, needed, strict=True)

@@ -318,6 +318,7 @@ class MemoryTransformer(nn.Module):
             memory_begin=state.episode_begin,
             in_place=in_place,
             next_state=next_state,
+            fixed_shapes=state.fixed_shapes,
             recompute=torch.is_grad_enabled(),
             dtype=dtype,
             offsets=torch.arange(length, device=device, dtype=dtype) if length > 1 else None,

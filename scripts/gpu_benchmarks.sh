@@ -5,7 +5,8 @@
 # PPO default's throughput at 4096 environments, the language model's step at every span
 # (benchmarks/lm_gpu.py), what the compiled learner gains (compile_learner=default, then
 # reduce-overhead: memories padded to few lengths, one compilation each, with the compiled
-# acting step), then the full Corridor's candidate GPU settings on two more tuning seeds
+# acting step), the language model's step compiled (train_lm.py compile_step=default) for
+# Expire-Span and Transformer-XL, then the full Corridor's candidate GPU settings on two more tuning seeds
 # (scripts/gpu_corridor.sh) with what time is left. Each step appends to a file of OUT_DIR
 # (at most 8 files come back from a call); log.txt says when each step started and how it
 # ended.
@@ -39,6 +40,8 @@ for mode in default reduce-overhead; do
         device=cuda num_envs=1024 env.max_length=20 wandb.mode=disabled compile_acting=true \
         "compile_learner=$mode"
 done
+step 240 lm_gpu.jsonl python benchmarks/lm_gpu.py --kinds expire_span transformer_xl \
+    --compile default
 wall=$((deadline - SECONDS - 30))
 if ((wall >= 120)); then
     step $((wall + 20)) log.txt bash scripts/gpu_corridor.sh /tmp/gpu_corridor "$wall" 1 2

@@ -225,6 +225,7 @@ def test_memory_efficiency_measures_a_training_step_of_each_kind():
     for row in rows.values():
         assert row["tokens_per_s"] == pytest.approx(4 * 256 / row["ms_per_step"] * 1000, rel=0.01)
         assert row["peak_mb"] > 0 and (row["workload"], row["precision"]) == ("cpu", "fp32")
+        assert row["compile"] is False
         profile = row["profile"]
         assert set(profile) == {"forward", "backward", "optimizer"}  # (no sync_sites on a CPU)
         # the cpu workload: 4 layers of 6 weight matrices, plus the embedding and the head

@@ -173,6 +173,60 @@ def test_a_minibatch_of_fixed_shapes_learns_as_the_compacted_one(kind):
         torch.testing.assert_close(grad, expected, rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_blocks_of_fixed_shapes_carry_the_memory_of_compacted_blocks(kind):
+    """A language model's compiled step: from a state of fixed shapes the core keeps every
+    slot and empties the dead ones, and `MemoryState.compacted` deletes them with one read of
+    the device for all stores. Block after block, outputs, aux loss and gradients are those of
+    the blocks that compact as they go, to float rounding, and the memory carried is theirs,
+    padded in front to `padded_length`."""
+    core = make_core(kind).train()
+    x = torch.randn(4, 40, 16)
+    starts = episode_starts(4, 40)
+    compact, fixed = core.initial_state(4), core.initial_state(4)
+    for k in range(0, 40, 5):
+        with HostReads() as host:
+            fixed = fixed.compacted()
+        assert host.reads == ["tolist"] and fixed.fixed_shapes
+        check_padded(fixed, compact)
+        results = []
+        for state in (compact, fixed):
+            core.zero_grad()
+            with HostReads() as host:
+                out = core(x[:, k : k + 5], state, starts[:, k : k + 5])
+            (out.hidden.square().sum() + out.aux_loss).backward()
+            grads = [p.grad.clone() for p in core.parameters() if p.grad is not None]
+            results.append((out, grads, host.reads))
+        (expected, expected_grads, _), (out, grads, reads) = results
+        assert reads == [] or kind == "adaptive_span"  # (its span's check reads the device)
+        torch.testing.assert_close(out.hidden, expected.hidden, rtol=0, atol=TOLERANCE)
+        torch.testing.assert_close(out.aux_loss, expected.aux_loss, rtol=1e-5, atol=1e-9)
+        torch.testing.assert_close(out.memory_size, expected.memory_size)
+        for grad, reference in zip(grads, expected_grads, strict=True):
+            torch.testing.assert_close(grad, reference, rtol=1e-4, atol=1e-5)
+        kept = [store.length for layer in out.state.layers for store in layer.stores()]
+        assert kept == [store.length + 5 for layer in fixed.layers for store in layer.stores()]
+        compact, fixed = expected.state, out.state
+    assert int(fixed.time) == compact.time == 40
+
+
+def check_padded(fixed, compact) -> None:
+    """``fixed`` holds the memories of ``compact``, each store padded in front with empty
+    slots to the `padded_length` of its part's longest store over the layers."""
+    for name in compact.layers[0].parts:
+        if not isinstance(compact.layers[0][name], SlotStore):
+            continue
+        length = padded_length(max(layer[name].length for layer in compact.layers))
+        for padded, memory in zip(fixed.layers, compact.layers, strict=True):
+            padded, slots = padded[name].view(), memory[name].view()
+            assert padded.length == length
+            front = length - slots.length
+            assert (padded.position[:, :front] == EMPTY).all()
+            assert torch.equal(padded.position[:, front:], slots.position)
+            filled = slots.position != EMPTY
+            torch.testing.assert_close(padded.hidden[:, front:][filled], slots.hidden[filled])
+
+
 def test_padded_lengths_are_few_and_at_most_half_empty():
     lengths = [padded_length(n) for n in range(1, 20_000)]
     assert [padded_length(n) for n in (0, 8, 9, 16, 100, 129, 256)] == [8, 8, 16, 16, 128, 256, 256]

@@ -112,6 +112,7 @@ def resumed(cfg, checkpoint, overrides, config_name="lm"):
         (["init_from=no/such/run"], "init_from=no/such/run: no checkpoint"),
         (["precision=fp16"], "bf16"),
         (["precision=bf16", "device=cpu"], "on CUDA only: on a CPU without bfloat16"),
+        (["compile_step=fast"], "compile_step=fast is not a known compile_step"),
     ],
 )
 def test_bad_config_values_are_named(overrides, expected):
@@ -177,6 +178,45 @@ def test_a_bf16_step_autocasts_the_model_but_keeps_spans_and_the_loss_in_float32
         assert progress.state.time == 2 * cfg.memory.block_len
     assert losses["bf16"] == pytest.approx(losses["fp32"], rel=2e-2)
     assert losses["bf16"] != losses["fp32"]  # (autocast did act)
+
+
+def test_a_compiled_step_compiles_once_for_each_padded_length():
+    """compile_step: before each step the carried memory is compacted and padded in front to
+    few lengths (`MemoryState.compacted`), so Dynamo (here with an eager backend that counts
+    what torch.compile would compile) makes one graph for each padded length, where the eager
+    memory takes many lengths; every step's loss and memory size, and the weights after it,
+    are the eager step's to float rounding, also after the rows start over."""
+    torch._dynamo.reset()
+    common = [*SMALL, "memory.max_span=64", "memory.init_span_fraction=0.5", "lr=1e-2"]
+    rows = train_lm.Split(*(np.random.default_rng(0).integers(0, 64, (4, 16 * 6)),) * 2, None)
+    graphs = []
+
+    def counting_backend(graph, inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    runs = []
+    for compile_step in ("false", "default"):
+        cfg = compose_config(*common, f"compile_step={compile_step}")
+        torch.manual_seed(0)
+        model = train_lm.build_model(cfg, 64)
+        step_model = model
+        if cfg.compile_step:
+            step_model = torch.compile(model, backend=counting_backend, dynamic=False)
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        progress, losses, lengths = train_lm.LMProgress(), [], set()
+        for _ in range(9):  # the rows' six blocks, then three from their start again
+            out = train_lm.train_step(cfg, model, step_model, optimizer, rows, progress, DistInfo())
+            progress.step += 1
+            losses += [progress.interval["loss_sum"], float(out.memory_size)]
+            lengths.add(tuple(s.length for layer in out.state.layers for s in layer.stores()))
+        runs.append((losses, lengths, model))
+    (eager_losses, eager_lengths, eager), (losses, lengths, compiled) = runs
+    assert len(graphs) == len(lengths) < len(eager_lengths)
+    assert losses == pytest.approx(eager_losses, rel=1e-5)
+    for weight, expected in zip(compiled.parameters(), eager.parameters(), strict=True):
+        # (where a gradient is near 0, its rounding can turn the sign of a step of about lr)
+        torch.testing.assert_close(weight, expected, rtol=0, atol=cfg.lr / 20)
 
 
 def test_learning_rate_warms_up_linearly_then_decays_by_cosine():

@@ -43,6 +43,7 @@ from training.checkpoint import (
     save_checkpoint,
 )
 from training.config import (
+    COMPILE_MODES,
     ConfigError,
     check_choice,
     check_positive,
@@ -102,6 +103,7 @@ from training.seeding import (
 )
 
 __all__ = [
+    "COMPILE_MODES",
     "BEST_CHECKPOINT_FILE",
     "CHECKPOINT_FILE",
     "CONFIG_FILE",

@@ -20,6 +20,8 @@ from typing import Any, TypeVar
 from omegaconf import OmegaConf
 
 CONFIG_ERROR_EXIT_CODE = 2
+# torch.compile's modes a training step may be compiled in (compile_learner, compile_step)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 
 F = TypeVar("F", bound=Callable[..., Any])
 
