@@ -179,10 +179,10 @@ def test_blocks_of_fixed_shapes_carry_the_memory_of_compacted_blocks(kind):
     slot and empties the dead ones, and `MemoryState.compacted` deletes them with one read of
     the device for all stores. Block after block, outputs, aux loss and gradients are those of
     the blocks that compact as they go, to float rounding, and the memory carried is theirs,
-    padded in front to `padded_length`."""
+    padded in front to `padded_length`; saved in a checkpoint and loaded, it goes on alike."""
     core = make_core(kind).train()
-    x = torch.randn(4, 40, 16)
-    starts = episode_starts(4, 40)
+    x = torch.randn(4, 45, 16)
+    starts = episode_starts(4, 45)
     compact, fixed = core.initial_state(4), core.initial_state(4)
     for k in range(0, 40, 5):
         with HostReads() as host:
@@ -208,6 +208,11 @@ def test_blocks_of_fixed_shapes_carry_the_memory_of_compacted_blocks(kind):
         assert kept == [store.length + 5 for layer in fixed.layers for store in layer.stores()]
         compact, fixed = expected.state, out.state
     assert int(fixed.time) == compact.time == 40
+    loaded = core.load_state(torch.load(_saved(core.save_state(fixed)), weights_only=True))
+    with torch.no_grad():
+        expected = core(x[:, 40:], fixed.compacted(), starts[:, 40:]).hidden
+        resumed = core(x[:, 40:], loaded.compacted(), starts[:, 40:]).hidden
+    torch.testing.assert_close(resumed, expected, rtol=0, atol=TOLERANCE)
 
 
 def check_padded(fixed, compact) -> None:
