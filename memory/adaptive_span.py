@@ -42,8 +42,7 @@ class AdaptiveSpan(MemoryKind):
         return self.coef * self.spans().mean()
 
     def read(self, *args) -> Read:
-        fraction = self.span_fraction
-        if self.training and not bool(((fraction >= 0) & (fraction <= 1)).all()):
-            with torch.no_grad():  # projection after the optimizer's last update
-                fraction.clamp_(0, 1)
+        if self.training:  # projection after the optimizer's last update, through ``data``:
+            # nothing read from the device, and autograd's version of s_h stays
+            self.span_fraction.data.clamp_(0, 1)
         return super().read(*args)

@@ -198,7 +198,7 @@ def test_blocks_of_fixed_shapes_carry_the_memory_of_compacted_blocks(kind):
             grads = [p.grad.clone() for p in core.parameters() if p.grad is not None]
             results.append((out, grads, host.reads))
         (expected, expected_grads, _), (out, grads, reads) = results
-        assert reads == [] or kind == "adaptive_span"  # (its span's check reads the device)
+        assert reads == []
         torch.testing.assert_close(out.hidden, expected.hidden, rtol=0, atol=TOLERANCE)
         torch.testing.assert_close(out.aux_loss, expected.aux_loss, rtol=1e-5, atol=1e-9)
         torch.testing.assert_close(out.memory_size, expected.memory_size)
