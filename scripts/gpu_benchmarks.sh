@@ -41,7 +41,7 @@ for mode in default reduce-overhead; do
         "compile_learner=$mode"
 done
 step 240 lm_gpu.jsonl python benchmarks/lm_gpu.py --kinds expire_span transformer_xl \
-    --compile default
+    --spans 1024 --compile default  # (L = 1024 only: each compilation may take a minute or more)
 wall=$((deadline - SECONDS - 30))
 if ((wall >= 120)); then
     step $((wall + 20)) log.txt bash scripts/gpu_corridor.sh /tmp/gpu_corridor "$wall" 1 2
