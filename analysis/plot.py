@@ -21,8 +21,9 @@ Expire-Span setting ends better than a run of every other setting, with its 95% 
 interval (rliable; the "beats" or "matches" of a single task), and where there are several
 figures (a suite of tasks) one more, a row per task and a column per memory setting; for RL runs
 over several tasks also the rliable aggregate (`analysis.aggregate`: normalised final scores and
-POPGym's MMER per task, IQM and probability of improvement across seeds and learned tasks), and
-draws it in aggregate.png (needs the `stats` extra).
+POPGym's MMER per task, IQM and probability of improvement across seeds and learned tasks; one
+for each budget, total_steps, the runs have), and draws it in aggregate.png, or
+aggregate_<steps>.png for each budget where there are several (needs the `stats` extra).
 
 The task is the env config's name (corridor, portal, ...) or the LM task's, except for the
 env configs that take any Gymnasium id (env=gym, env=popgym), where it is the id: a POPGym
@@ -809,9 +810,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if len(figures) > 1:
             tables.append(f"Every task:\n\n{task_table(settings)}")
             try:
-                text, path = write_aggregate(settings, args.out)
+                text, paths = write_aggregate(settings, args.out)
                 tables.append(text)
-                if path is not None:
+                for path in paths:
                     print(path, file=sys.stderr)
             except AggregateError as error:
                 _warn("no aggregate across tasks", [str(error)])
@@ -850,9 +851,13 @@ def comparison_table(panel: Sequence[Setting]) -> str | None:
     )
 
 
-def write_aggregate(settings: Sequence[Setting], out_dir: Path) -> tuple[str, Path | None]:
-    """The rliable tables of RL runs over several tasks (`analysis.aggregate`) and
-    OUT_DIR/aggregate.png; nothing for runs whose metrics have no known range."""
+def write_aggregate(settings: Sequence[Setting], out_dir: Path) -> tuple[str, list[Path]]:
+    """The rliable tables of RL runs over several tasks (`analysis.aggregate`), one for each
+    budget (total_steps) the runs have, since scores after 1M and 10M steps are not draws of
+    one distribution; each drawn in OUT_DIR/aggregate.png, or aggregate_<steps>.png when there
+    are several budgets. Within a budget a run's memory is labelled by its kind and what tells
+    its setting apart from the other runs of that budget. Nothing for runs whose metrics have
+    no known range."""
     runs = [run for setting in settings for run in setting.runs]
     unknown = sorted({run.metric for run in runs} - set(NORMALISED))
     if unknown:
@@ -861,22 +866,30 @@ def write_aggregate(settings: Sequence[Setting], out_dir: Path) -> tuple[str, Pa
         raise AggregateError(
             'the aggregate needs rliable, which is not installed: pip install -e ".[stats]"'
         )
-    scores = [
-        score_run(
-            run.run_dir,
-            run.group,
-            " ".join(filter(None, (run.kind, run.setting))),
-            run.seed,
-            run.metric,
-        )
-        for run in runs
-    ]
-    text, result = aggregate_markdown(scores)
-    if "iqm" not in result:
-        return text, None
-    path = out_dir / "aggregate.png"
-    _save_png(plot_aggregate(result), path)
-    return text, path
+    budgets = sorted({run.total_steps or 0 for run in runs})  # (0: a config without it)
+    texts, paths = [], []
+    for budget in budgets:
+        alike = [replace(run, setting="") for run in runs if (run.total_steps or 0) == budget]
+        scores = [
+            score_run(
+                run.run_dir,
+                run.group,
+                " ".join(filter(None, (run.kind, run.setting))),
+                run.seed,
+                run.metric,
+            )
+            for run in label_settings(alike)
+        ]
+        text, result = aggregate_markdown(scores)
+        path = out_dir / "aggregate.png"
+        if len(budgets) > 1:
+            text = f"Runs of {budget:,} steps:\n\n{text}"
+            path = out_dir / f"aggregate_{budget}.png"
+        texts.append(text)
+        if "iqm" in result:
+            _save_png(plot_aggregate(result), path)
+            paths.append(path)
+    return "\n\n".join(texts), paths
 
 
 if __name__ == "__main__":

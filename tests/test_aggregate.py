@@ -134,18 +134,19 @@ def test_unlearned_tasks_are_named_and_left_out_of_the_aggregate():
     assert "| gru | 3 |" in text and ": improves |" in text
 
 
-def popgym_runs(root, task, kind, seed, level):
-    """A POPGym run whose interval returns climb from -0.5 to `level` over 1M steps."""
+def popgym_runs(root, task, kind, seed, level, total_steps=1_000_000):
+    """A POPGym run whose interval returns climb from -0.5 to `level` over 63 intervals."""
     cfg = rl_config(kind, 200 if kind == "expire_span" else None, seed, env="popgym")
     cfg["env"]["id"] = f"popgym:popgym-{task}-v0"
-    cfg["total_steps"] = 1_000_000
+    cfg["total_steps"] = total_steps
     returns = np.minimum(np.linspace(-0.5, level + 0.3, 63), level) + 0.001 * seed
+    interval = 16_000 * total_steps // 1_000_000
     records = [
-        {"step": 16_000 * (i + 1), "return": float(r), "mmer": float(max(returns[: i + 1]))}
+        {"step": interval * (i + 1), "return": float(r), "mmer": float(max(returns[: i + 1]))}
         | {"memory_size": 1.0, "episodes": 100.0}
         for i, r in enumerate(returns)
     ]
-    make_run(root / f"{task}-{kind}-{seed}", cfg, records)
+    make_run(root / f"{task}-{kind}-{total_steps}-{seed}", cfg, records)
 
 
 @pytest.mark.slow
@@ -165,6 +166,35 @@ def test_the_plot_command_prints_the_aggregate_and_draws_it(tmp_path, capsys):
     assert "1.000 [1.000, 1.000]: improves" in iqm_row
     assert (tmp_path / "out" / "aggregate.png").stat().st_size > 0
     assert not math.isnan(point)
+
+
+@pytest.mark.slow
+def test_each_budget_gets_its_own_aggregate(tmp_path, capsys):
+    """Longer runs of some tasks (the suite's 10M runs beside its 1M ones) make an aggregate of
+    their own, and leave the aggregate of the shorter runs as it was without them."""
+    for seed in range(3):
+        for task, levels in (("RepeatFirstEasy", (1.0, 0.6)), ("CountRecallEasy", (0.2, -0.2))):
+            for kind, level in zip(("expire_span", "gru"), levels, strict=True):
+                popgym_runs(tmp_path / "runs", task, kind, seed, level)
+    argv = [str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--markdown"]
+    assert main(argv) == 0
+    alone = capsys.readouterr().out.split("Final score (normalised")[1]
+    for seed in range(3):
+        for kind, level in (("expire_span", 0.8), ("gru", 0.0)):
+            popgym_runs(tmp_path / "runs", "CountRecallEasy", kind, seed, level, 10_000_000)
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    short, long = out.split("Runs of 1,000,000 steps:\n\n")[1].split("Runs of 10,000,000 steps:")
+    assert short.split("Final score (normalised")[1].strip() == alone.strip()
+    assert "Across seeds and the 1 learned tasks (popgym-CountRecallEasy-v0" in long
+    iqm = {
+        row.split(" | ")[0][2:]: float(row.split(" | ")[2].split()[0])
+        for row in long.splitlines()
+        if row.startswith(("| expire_span | 3 |", "| gru | 3 |"))
+    }
+    assert iqm == pytest.approx({"expire_span": (0.8 + 1) / 2, "gru": 0.5}, abs=0.002)
+    for budget in (1_000_000, 10_000_000):
+        assert (tmp_path / "out" / f"aggregate_{budget}.png").stat().st_size > 0
 
 
 def test_an_interval_is_the_same_twice_and_whatever_else_is_compared():
