@@ -21,9 +21,9 @@ Expire-Span setting ends better than a run of every other setting, with its 95% 
 interval (rliable; the "beats" or "matches" of a single task), and where there are several
 figures (a suite of tasks) one more, a row per task and a column per memory setting; for RL runs
 over several tasks also the rliable aggregate (`analysis.aggregate`: normalised final scores and
-POPGym's MMER per task, IQM and probability of improvement across seeds and learned tasks; one
-for each budget, total_steps, the runs have), and draws it in aggregate.png, or
-aggregate_<steps>.png for each budget where there are several (needs the `stats` extra).
+POPGym's MMER per task, IQM and probability of improvement across seeds and learned tasks), and
+draws it in aggregate.png (needs the `stats` extra). Runs of several budgets (total_steps) get
+these two for each budget, the figure in aggregate_<steps>.png.
 
 The task is the env config's name (corridor, portal, ...) or the LM task's, except for the
 env configs that take any Gymnasium id (env=gym, env=popgym), where it is the id: a POPGym
@@ -808,14 +808,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if compared := comparison_table(panel):
                 tables.append(compared)
         if len(figures) > 1:
-            tables.append(f"Every task:\n\n{task_table(settings)}")
-            try:
-                text, paths = write_aggregate(settings, args.out)
-                tables.append(text)
-                for path in paths:
-                    print(path, file=sys.stderr)
-            except AggregateError as error:
-                _warn("no aggregate across tasks", [str(error)])
+            tables += suite_tables(settings, args.out)
         print("\n\n".join(tables))
     return 0
 
@@ -851,14 +844,37 @@ def comparison_table(panel: Sequence[Setting]) -> str | None:
     )
 
 
-def write_aggregate(settings: Sequence[Setting], out_dir: Path) -> tuple[str, list[Path]]:
-    """The rliable tables of RL runs over several tasks (`analysis.aggregate`), one for each
-    budget (total_steps) the runs have, since scores after 1M and 10M steps are not draws of
-    one distribution; each drawn in OUT_DIR/aggregate.png, or aggregate_<steps>.png when there
-    are several budgets. Within a budget a run's memory is labelled by its kind and what tells
-    its setting apart from the other runs of that budget. Nothing for runs whose metrics have
-    no known range."""
+def suite_tables(settings: Sequence[Setting], out_dir: Path) -> list[str]:
+    """For runs over several tasks, per budget (total_steps: scores after 1M and 10M steps are
+    not draws of one distribution): the table of every task (`task_table`) and, for RL runs,
+    the rliable aggregate, drawn in OUT_DIR/aggregate.png, or aggregate_<steps>.png for each
+    budget where there are several. Within a budget a run's setting is what tells it apart
+    from the other runs of that budget, so a memory's runs of one budget share a label."""
     runs = [run for setting in settings for run in setting.runs]
+    budgets = sorted({run.total_steps or 0 for run in runs})  # (0: a config without it)
+    tables = []
+    for budget in budgets:
+        alike = [replace(run, setting="") for run in runs if (run.total_steps or 0) == budget]
+        alike = label_settings(alike)
+        heading, figure = "Every task", out_dir / "aggregate.png"
+        if len(budgets) > 1:
+            heading, figure = f"Runs of {budget:,} steps", out_dir / f"aggregate_{budget}.png"
+        tables.append(f"{heading}:\n\n{task_table(summarize(alike))}")
+        try:
+            text, drawn = write_aggregate(alike, figure)
+        except AggregateError as error:
+            _warn("no aggregate across tasks", [str(error)])
+            continue
+        tables.append(text)
+        if drawn:
+            print(figure, file=sys.stderr)
+    return tables
+
+
+def write_aggregate(runs: Sequence[RunResult], figure: Path) -> tuple[str, bool]:
+    """The rliable tables of RL runs over several tasks (`analysis.aggregate`), each memory
+    labelled by its kind and setting, and whether they were drawn in ``figure`` (not without
+    two runs of a memory per task). Refused for runs whose metrics have no known range."""
     unknown = sorted({run.metric for run in runs} - set(NORMALISED))
     if unknown:
         raise AggregateError(f"no known range for {', '.join(unknown)}, so no normalised score")
@@ -866,30 +882,21 @@ def write_aggregate(settings: Sequence[Setting], out_dir: Path) -> tuple[str, li
         raise AggregateError(
             'the aggregate needs rliable, which is not installed: pip install -e ".[stats]"'
         )
-    budgets = sorted({run.total_steps or 0 for run in runs})  # (0: a config without it)
-    texts, paths = [], []
-    for budget in budgets:
-        alike = [replace(run, setting="") for run in runs if (run.total_steps or 0) == budget]
-        scores = [
-            score_run(
-                run.run_dir,
-                run.group,
-                " ".join(filter(None, (run.kind, run.setting))),
-                run.seed,
-                run.metric,
-            )
-            for run in label_settings(alike)
-        ]
-        text, result = aggregate_markdown(scores)
-        path = out_dir / "aggregate.png"
-        if len(budgets) > 1:
-            text = f"Runs of {budget:,} steps:\n\n{text}"
-            path = out_dir / f"aggregate_{budget}.png"
-        texts.append(text)
-        if "iqm" in result:
-            _save_png(plot_aggregate(result), path)
-            paths.append(path)
-    return "\n\n".join(texts), paths
+    scores = [
+        score_run(
+            run.run_dir,
+            run.group,
+            " ".join(filter(None, (run.kind, run.setting))),
+            run.seed,
+            run.metric,
+        )
+        for run in runs
+    ]
+    text, result = aggregate_markdown(scores)
+    if "iqm" not in result:
+        return text, False
+    _save_png(plot_aggregate(result), figure)
+    return text, True
 
 
 if __name__ == "__main__":

@@ -186,6 +186,7 @@ def test_each_budget_gets_its_own_aggregate(tmp_path, capsys):
     out = capsys.readouterr().out
     short, long = out.split("Runs of 1,000,000 steps:\n\n")[1].split("Runs of 10,000,000 steps:")
     assert short.split("Final score (normalised")[1].strip() == alone.strip()
+    assert short.startswith("| task | Expire-Span 200 | GRU | memory size")  # one column each
     assert "Across seeds and the 1 learned tasks (popgym-CountRecallEasy-v0" in long
     iqm = {
         row.split(" | ")[0][2:]: float(row.split(" | ")[2].split()[0])
