@@ -215,7 +215,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         agent.to(dist.device)
         learner = Learner(agent, cfg.agent, num_updates, dist, cfg.compile_learner or None)
         player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
-        player.reset(env_seeds(cfg.seed, dist.rank, cfg.num_envs, "train"))
+        player.reset(env_seeds(cfg.seed, dist.rank, cfg.num_envs, "train", stream_step(checkpoint)))
         unroll = Unroll(player, cfg.unroll_len)
         span_stats, interval = SpanStats(), UpdateMeans(maxima=[BEHAVIOUR_RATIO_ERROR])
         progress = RunProgress()
@@ -256,6 +256,19 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
             report_trained_agent(agent, cfg, run_dir)
 
 
+def stream_step(checkpoint: dict | None) -> int:
+    """The step whose streams the training environments start on: 0, unless the run resumes
+    at a step its environments saved no state for (a Gymnasium vector env, POPGym's); then
+    new streams, so that it replays no episode, though it is not bit for bit the unbroken run."""
+    if checkpoint is None or all(acting["envs"] is not None for acting in checkpoint["acting"]):
+        return 0
+    log.warning(
+        "the environments saved no state: they continue on new streams drawn for step %d",
+        checkpoint["step"],
+    )
+    return checkpoint["step"]
+
+
 def restore(
     checkpoint: dict,
     rank: int,
@@ -270,8 +283,7 @@ def restore(
     acting = checkpoint["acting"][rank]
     progress = RunProgress(checkpoint["update"], checkpoint["step"], acting["mmer"])
     progress.best = checkpoint["best"]
-    if acting["envs"] is None:  # (environments without a state_dict)
-        log.warning("the environments restart from their seeds: the run replays episodes")
+    if acting["envs"] is None:  # (environments without a state_dict: `train` reseeds them)
         return progress
     player.load_state_dict(acting, learner.agent.core)
     if learner.anchored:

@@ -64,6 +64,20 @@ def test_the_same_arguments_give_the_same_seeds_and_more_envs_extend_them():
     assert env_seeds(7, 1, 8, "eval")[:4] == env_seeds(7, 1, 4, "eval")
 
 
+def test_a_resumed_run_draws_streams_of_its_own_for_the_step_it_resumes_at():
+    """For environments that save no state: new streams at each resume, none of them a new
+    run's (`step=0`, whose seeds are those of a call without it)."""
+    assert env_seeds(7, 0, 32, "train", step=0) == env_seeds(7, 0, 32, "train")
+    drawn = [
+        value
+        for seed in (7, 8)
+        for step in (0, 1, 16_000, 32_000)
+        for value in env_seeds(seed, 0, 32, "train", step)
+    ]
+    drawn += env_seeds(7, 0, 32, "eval") + env_seeds(7, 1, 32, "train")
+    assert len(set(drawn)) == len(drawn) == 10 * 32
+
+
 @pytest.mark.parametrize(
     "seed, rank, purpose, message",
     [(-1, 0, "train", "non-negative"), (0, -1, "train", "non-negative"), (0, 0, "test", "purpose")],
@@ -71,6 +85,8 @@ def test_the_same_arguments_give_the_same_seeds_and_more_envs_extend_them():
 def test_bad_seeding_arguments_are_refused(seed, rank, purpose, message):
     with pytest.raises(ValueError, match=message):
         env_seeds(seed, rank, 4, purpose)
+    with pytest.raises(ValueError, match="step=-1"):
+        env_seeds(0, 0, 4, "train", step=-1)
 
 
 def test_rank_zero_keeps_the_seed_of_its_global_generators():

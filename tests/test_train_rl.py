@@ -588,6 +588,32 @@ def test_training_evaluation_and_recording_seed_their_envs_apart(tmp_path, monke
     assert not set(seeds[1] + seeds[2]) & trained
 
 
+def test_a_resume_whose_envs_saved_no_state_plays_new_streams(tmp_path, monkeypatch):
+    """CartPole's Gymnasium vector env saves no state: a resumed run resets it on the streams
+    `env_seeds` draws for the step it resumes at, not on the run's first streams again (which
+    would replay its first episodes)."""
+    train_rl = load_script("train_rl")
+    monkeypatch.chdir(tmp_path)
+    seeds, reset = [], agents.play.Player.reset
+    monkeypatch.setattr(
+        agents.play.Player, "reset", lambda self, s: (seeds.append(s), reset(self, s))[1]
+    )
+    overrides = [*TINY_RUN, *TINY_MEMORY, "env=gym", "seed=3", "agent.lr_schedule=constant"]
+    overrides += ["eval.after_training=false", f"total_steps={2 * STEPS_PER_UPDATE}"]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=overrides)
+    train_rl.train(cfg, None)
+    checkpoint = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert checkpoint["acting"][0]["envs"] is None
+    cfg.total_steps = 3 * STEPS_PER_UPDATE
+    train_rl.train(cfg, checkpoint)
+    first, resumed = env_seeds(3, 0, 4, "train"), env_seeds(3, 0, 4, "train", 2 * STEPS_PER_UPDATE)
+    assert seeds == [first, resumed]
+    assert not set(first) & set(resumed)
+    steps = [json.loads(line)["step"] for line in open(tmp_path / "metrics.jsonl")]
+    assert steps == [STEPS_PER_UPDATE * (u + 1) for u in range(3)]
+
+
 @pytest.fixture(scope="module")
 def kept_run(tmp_path_factory):
     """A tiny run that keeps its checkpoints of steps 40, 80 and 120, for the probes."""

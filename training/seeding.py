@@ -28,19 +28,25 @@ def rank_seed(seed: int, rank: int) -> int:
 PURPOSES = ("train", "eval", "record")
 
 
-def env_seeds(seed: int, rank: int, num_envs: int, purpose: str) -> list[int]:
+def env_seeds(seed: int, rank: int, num_envs: int, purpose: str, step: int = 0) -> list[int]:
     """One 64-bit seed per environment of process `rank`, for `purpose` ("train", "eval" or
-    "record"), drawn from NumPy's SeedSequence of (seed, rank, purpose).
+    "record"), drawn from NumPy's SeedSequence of (seed, rank, purpose), and of `step` where a
+    run resumes at a step its environments cannot continue from (they save no state).
 
     Every run, rank, purpose and environment gets a stream of its own. Gymnasium's int seed
     (env i seeded with seed + i) would make runs on adjacent seeds share all but one stream;
     64 bits keep the draws of many runs apart (32-bit seeds collide by the birthday bound).
+    A resumed run's streams are new ones rather than its first again, so it replays no episode.
     """
     if purpose not in PURPOSES:
         raise ValueError(f"purpose must be one of {PURPOSES}, got {purpose!r}")
-    if seed < 0 or rank < 0:
-        raise ValueError(f"seeds and ranks are non-negative integers, got seed={seed} rank={rank}")
-    sequence = np.random.SeedSequence(seed, spawn_key=(rank, PURPOSES.index(purpose)))
+    if min(seed, rank, step) < 0:
+        raise ValueError(
+            f"seeds, ranks and steps are non-negative integers, got seed={seed} rank={rank} "
+            f"step={step}"
+        )
+    key = (rank, PURPOSES.index(purpose), *((step,) if step else ()))  # (step 0: a new run's)
+    sequence = np.random.SeedSequence(seed, spawn_key=key)
     return [int(word) for word in sequence.generate_state(num_envs, np.uint64)]
 
 
