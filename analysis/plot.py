@@ -18,7 +18,8 @@ a single run directory, or a directory holding several of either. Writes to OUT_
 `--markdown` prints the settings as markdown tables, one per figure, each followed, where the
 figure has an Expire-Span setting and another, by the probability that a run of each
 Expire-Span setting ends better than a run of every other setting, with its 95% bootstrap
-interval (rliable; the "beats" or "matches" of a single task), and where there are several
+interval (rliable; the "beats" or "matches" of a single task) and the p of a permutation test
+of it (a difference is resolved where both show it), and where there are several
 figures (a suite of tasks) one more, a row per task and a column per memory setting; for RL runs
 over several tasks also the rliable aggregate (`analysis.aggregate`: normalised final scores and
 POPGym's MMER per task, IQM and probability of improvement across seeds and learned tasks), and
@@ -838,7 +839,8 @@ def comparison_table(panel: Sequence[Setting]) -> str | None:
         return f"{panel[0].group}, {metric}: no comparison.{left_out}"
     return (
         f"{panel[0].group}, {metric}: each Expire-Span setting against every other, over their "
-        f"runs' final {metric} (rliable, {BOOTSTRAP_REPS} bootstrap samples):\n\n"
+        f"runs' final {metric} (rliable, {BOOTSTRAP_REPS} bootstrap samples; p: a one-sided "
+        "permutation test of the same probability):\n\n"
         + comparison_markdown(comparisons)
         + left_out
     )

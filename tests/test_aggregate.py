@@ -2,6 +2,7 @@
 rliable's IQM and probability of improvement on scores whose answer is known; then the
 aggregate through `python -m analysis.plot --markdown`."""
 
+import itertools
 import math
 
 import numpy as np
@@ -101,13 +102,58 @@ def test_settings_of_one_task_are_compared_by_order_whatever_their_counts():
     finals = {"ES 1024": [0.1, 0.2, 0.15, 0.3, 0.05], "TXL 512": [0.4, 0.2, 0.5]}
     result = setting_comparisons(finals, ["ES 1024"], lower_is_better=True, reps=REPS)
     wins = sum((a < b) + 0.5 * (a == b) for a in finals["ES 1024"] for b in finals["TXL 512"])
-    point, low, high = result["ES 1024", "TXL 512"]
+    point, low, high, p = result["ES 1024", "TXL 512"]
     assert point == pytest.approx(wins / 15) and low <= point <= high
     flipped = setting_comparisons(finals, ["ES 1024"], lower_is_better=False, reps=REPS)
     assert flipped["ES 1024", "TXL 512"][0] == pytest.approx(1 - wins / 15)
     table = comparison_markdown(result)
-    assert table.splitlines()[0] == "| P(row > column) [95% CI] | TXL 512 |"
+    header = "| P(row > column) [95% CI]: verdict (permutation p) | TXL 512 |"
+    assert table.splitlines()[0] == header
     assert table.splitlines()[2].startswith(f"| ES 1024 | {point:.3f} [")
+    assert table.splitlines()[2].endswith(f"(p {p:.3f}) |")
+
+
+def exact_p(better, other):
+    """The permutation test by hand: every split of the pooled runs, by the share of pairs won."""
+    pooled = [*better, *other]
+
+    def improvement(group):
+        rest = [pooled[i] for i in range(len(pooled)) if i not in group]
+        return np.mean([(pooled[i] > b) + 0.5 * (pooled[i] == b) for i in group for b in rest])
+
+    observed = improvement(range(len(better)))
+    splits = [improvement(g) for g in itertools.combinations(range(len(pooled)), len(better))]
+    return np.mean([value >= observed - 1e-12 for value in splits])
+
+
+@pytest.mark.parametrize(
+    "better, other",
+    [
+        ([0.3, 0.4, 0.5], [0.1, 0.0, 0.2]),  # apart: the bootstrap says [1, 1], the test 1/20
+        ([0.3, 0.4, 0.5, 0.6, 0.35], [0.1, 0.0, 0.2]),  # apart, five against three: 1/56
+        ([0.3, 0.1, 0.5, 0.2], [0.1, 0.4, 0.2]),  # mixed, with ties
+    ],
+)
+def test_a_comparison_of_few_runs_says_how_likely_its_order_is_by_chance(better, other):
+    result = setting_comparisons({"ES": better, "TXL": other}, ["ES"], reps=REPS)
+    assert result["ES", "TXL"].p == pytest.approx(exact_p(better, other))
+    if max(other) < min(better):
+        assert result["ES", "TXL"][:3] == (1.0, 1.0, 1.0)
+        splits = math.comb(len(better) + len(other), len(better))  # the top group is one of them
+        assert result["ES", "TXL"].p == pytest.approx(1 / splits)
+    flipped = setting_comparisons({"ES": other, "TXL": better}, ["ES"], reps=REPS)["ES", "TXL"]
+    assert flipped.p == pytest.approx(result["ES", "TXL"].p)  # (the p of the order shown)
+
+
+def test_a_comparison_is_resolved_only_where_the_interval_and_the_test_both_show_it():
+    apart = (1.0, 1.0, 1.0)  # the bootstrap of runs that separate completely
+    assert verdict(apart, p=1 / 20) == "improves"  # three runs a side
+    assert verdict(apart, p=1 / 10) == "not resolved"  # three against two
+    assert verdict((0.0, 0.0, 0.0), p=1 / 56) == "trails"
+    assert verdict((0.7, 0.4, 0.9), p=0.01) == "not resolved"
+    finals = {"ES": [0.3, 0.4, 0.5], "TXL": [0.1, 0.2]}
+    table = comparison_markdown(setting_comparisons(finals, ["ES"], reps=REPS))
+    assert table.splitlines()[2] == "| ES | 1.000 [1.000, 1.000]: not resolved (p 0.100) |"
 
 
 def test_a_setting_of_one_run_is_compared_with_none():
