@@ -195,13 +195,18 @@ def popgym_runs(root, task, kind, seed, level, total_steps=1_000_000):
     make_run(root / f"{task}-{kind}-{total_steps}-{seed}", cfg, records)
 
 
-@pytest.mark.slow
-def test_the_plot_command_prints_the_aggregate_and_draws_it(tmp_path, capsys):
+def two_task_suite(root):
+    """Expire-Span and the GRU on two POPGym tasks, three seeds each: the plot command's argv."""
     for seed in range(3):
         for task, levels in (("RepeatFirstEasy", (1.0, 0.6)), ("CountRecallEasy", (0.2, -0.2))):
             for kind, level in zip(("expire_span", "gru"), levels, strict=True):
-                popgym_runs(tmp_path / "runs", task, kind, seed, level)
-    argv = [str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--markdown"]
+                popgym_runs(root / "runs", task, kind, seed, level)
+    return [str(root / "runs"), "--out", str(root / "out"), "--markdown"]
+
+
+@pytest.mark.slow
+def test_the_plot_command_prints_the_aggregate_and_draws_it(tmp_path, capsys):
+    argv = two_task_suite(tmp_path)
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Across seeds and the 2 learned tasks" in out
@@ -218,11 +223,7 @@ def test_the_plot_command_prints_the_aggregate_and_draws_it(tmp_path, capsys):
 def test_each_budget_gets_its_own_aggregate(tmp_path, capsys):
     """Longer runs of some tasks (the suite's 10M runs beside its 1M ones) make an aggregate of
     their own, and leave the aggregate of the shorter runs as it was without them."""
-    for seed in range(3):
-        for task, levels in (("RepeatFirstEasy", (1.0, 0.6)), ("CountRecallEasy", (0.2, -0.2))):
-            for kind, level in zip(("expire_span", "gru"), levels, strict=True):
-                popgym_runs(tmp_path / "runs", task, kind, seed, level)
-    argv = [str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--markdown"]
+    argv = two_task_suite(tmp_path)
     assert main(argv) == 0
     alone = capsys.readouterr().out.split("Final score (normalised")[1]
     for seed in range(3):
