@@ -13,9 +13,11 @@
 #   bash scripts/collision_easy.sh [LANES] [RUNS]
 #   python -m analysis.plot docs/results/collision_easy --out docs/results/collision_easy --markdown \
 #       --metric test_error                         # (table 7: the test split's error)
-#   python -m analysis.collision_probe RUNS/NAME     # which questions a model misses, by age
+#   python -m analysis.probes docs/results/collision_easy --file collision_probe_test.json
 # Runs go to RUNS (runs/lm-sweeps/collision-easy), each finished one's files to
-# docs/results/collision_easy/NAME (scripts/lanes.sh: the same command carries on).
+# docs/results/collision_easy/NAME (scripts/lanes.sh: the same command carries on), with its
+# probe of the test split (analysis.collision_probe: which questions a model misses, by how
+# far back their collision lies) in collision_probe_test.json.
 set -euo pipefail
 source "$(dirname "$0")/lanes.sh"
 
@@ -36,5 +38,7 @@ run_args() {  # NAME -> its overrides
         "memory=$memory memory.max_span=$span$start seed=$seed total_steps=3000" \
         "log_interval=50 eval_interval=250 checkpoint_interval=250"
 }
+
+after_run() { probe_test_split collision_probe "$@"; }
 
 run_lanes "${1:-1}" "${2:-runs/lm-sweeps/collision-easy}" docs/results/collision_easy

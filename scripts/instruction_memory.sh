@@ -15,9 +15,11 @@
 # LANES at a time with one thread each.
 #   bash scripts/instruction_memory.sh [LANES] [RUNS]
 #   python -m analysis.plot docs/results/instruction --out docs/results/instruction --markdown
-#   python -m analysis.instruction_probe RUNS/NAME   # which part of an execution fails, and where
+#   python -m analysis.probes docs/results/instruction --file instruction_probe_test.json
 # Runs go to RUNS (runs/lm-sweeps/instruction), each finished one's files to
-# docs/results/instruction/NAME (scripts/lanes.sh: the same command carries on).
+# docs/results/instruction/NAME (scripts/lanes.sh: the same command carries on), with its
+# probe of the test split (analysis.instruction_probe: which part of an execution fails, and
+# how far back its instruction was) in instruction_probe_test.json.
 set -euo pipefail
 source "$(dirname "$0")/lanes.sh"
 
@@ -40,5 +42,7 @@ run_args() {  # NAME -> its overrides
         "memory=$memory memory.max_span=$span$start seed=$seed total_steps=3000" \
         "log_interval=50 eval_interval=250 checkpoint_interval=250"
 }
+
+after_run() { probe_test_split instruction_probe "$@"; }
 
 run_lanes "${1:-1}" "${2:-runs/lm-sweeps/instruction}" docs/results/instruction

@@ -29,6 +29,8 @@ from analysis.plot import (
     read_run,
     summarize,
 )
+from analysis.probes import main as probes_main
+from analysis.probes import probe_groups
 from training import MetricsLogger, save_resolved_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -641,3 +643,47 @@ def test_curves_refuses_a_language_model_run_in_one_line(tmp_path):
     assert line.startswith(f"python -m analysis.curves: error: {tmp_path / 'lm'} is a language")
     assert "train_lm.py (task=copy)" in line and "RL runs of train_rl.py" in line
     assert "analysis.visualize" in line
+
+
+def test_a_sweeps_probes_are_averaged_per_setting(tmp_path, capsys):
+    """`analysis.probes` reads each run's saved probe, groups the runs as `analysis.plot` does
+    and averages each group's score over a setting's probed runs (an empty group left out),
+    with a group's count in the header where every run has the same; runs without the file are
+    named, and a sweep without any is refused."""
+
+    def probe(accuracy, sender, far):
+        return {
+            "split": "test",
+            "accuracy": accuracy,
+            "count": 10,
+            "parts": {"sender": {"accuracy": sender, "count": 10}},
+            "by_distance": {"128-255": {"accuracy": far, "count": 4 if far is not None else 0}},
+        }
+
+    probes = {
+        ("expire_span", 1024, 0): probe(0.2, 0.4, 0.5),
+        ("expire_span", 1024, 1): probe(0.4, 0.6, None),
+        ("transformer_xl", 256, 0): probe(0.1, 0.3, 0.25),
+        ("transformer_xl", 256, 1): None,
+    }
+    for (kind, span, seed), saved in probes.items():
+        run_dir = tmp_path / f"{kind}-{seed}"
+        cfg = {"task": {"name": "instruction"}, "memory": {"kind": kind, "max_span": span}}
+        make_run(run_dir, {**cfg, "seed": seed}, [{"step": 10, "valid_accuracy": 0.1}])
+        if saved is not None:
+            (run_dir / "probe.json").write_text(json.dumps(saved))
+    assert probes_main([str(tmp_path), "--file", "probe.json"]) == 0
+    out, err = capsys.readouterr()
+    header, _, expire_span, transformer_xl = out.strip().splitlines()
+    assert header == (
+        "| memory | max span | probed runs | all (accuracy, 10) | sender (accuracy, 10) "
+        "| 128-255 (accuracy) |"
+    )
+    assert expire_span == "| Expire-Span | 1024 | 2 | 0.300 | 0.500 | 0.500 |"
+    assert transformer_xl == "| Transformer-XL | 256 | 1 | 0.100 | 0.300 | 0.250 |"
+    assert "1 run(s) without probe.json" in err and "transformer_xl-1" in err
+    collision = {"all": {"error": 0.5, "count": 4}, "?last": {"error": None, "count": 0}}
+    collision |= {"split": "test", "references": {"constant_error": 0.7}}
+    assert probe_groups(collision) == {"all": ("error", 0.5, 4), "?last": ("error", None, 0)}
+    assert probes_main([str(tmp_path), "--file", "other.json"]) == 2
+    assert "no run has a other.json" in capsys.readouterr().err

@@ -65,3 +65,43 @@ def test_the_suite_waits_for_the_tuning(tmp_path):
         text=True,
     )
     assert result.returncode == 2 and "configs/tuned/expire_span.yaml is missing" in result.stderr
+
+
+FAKE_TRAINER = """import pathlib, sys
+run = pathlib.Path(sys.argv[-1].removeprefix("hydra.run.dir="))
+run.mkdir(parents=True)
+if sys.argv[1] == "failing":
+    sys.exit(1)
+for name in ("config.yaml", "metrics.jsonl", "eval.json"):
+    (run / name).write_text(name)
+"""
+
+
+def test_a_kept_run_gets_its_after_run_and_a_failed_one_nothing(tmp_path):
+    """lanes.sh keeps a finished run's files and then calls the queue's after_run on it; a run
+    whose trainer fails is not kept, and an after_run that fails is logged with the run kept.
+    probe_test_split leaves nothing behind when its probe fails."""
+    (tmp_path / "fake.py").write_text(FAKE_TRAINER)
+    (tmp_path / "queue.sh").write_text(
+        f'source "{ROOT}/scripts/lanes.sh"\n'
+        "names=(good failing unprobed)\n"
+        'run_args() { echo "fake.py $1"; }\n'
+        'after_run() { [ "${1##*/}" != unprobed ] && echo "$1" >"$2/probe"; }\n'
+        "run_lanes 1 runs kept\n"
+        "probe_test_split instruction_probe runs/missing kept/good || echo refused\n"
+    )
+    result = subprocess.run(
+        ["bash", "queue.sh"], cwd=tmp_path, capture_output=True, text=True, check=True
+    )
+    assert result.stdout == "refused\n"
+    kept = tmp_path / "kept"
+    assert sorted(p.name for p in kept.iterdir()) == ["good", "unprobed"]
+    assert sorted(p.name for p in (kept / "good").iterdir()) == [
+        "config.yaml",
+        "eval.json",
+        "metrics.jsonl",
+        "probe",
+    ]
+    assert (kept / "good" / "probe").read_text() == "runs/good\n"
+    assert not (kept / "unprobed" / "probe").exists()
+    assert "after_run unprobed failed" in (tmp_path / "runs" / "lane1.log").read_text()
