@@ -1,5 +1,5 @@
-"""What the probes kept beside a sweep's runs say, one row per setting: why a memory fails, in
-the table that `analysis.plot` says how much.
+"""The probes kept beside a sweep's runs, one row per setting: where `analysis.plot` says how
+well each memory does, these say why.
 
     python -m analysis.probes SWEEP_DIR [SWEEP_DIR ...] --file instruction_probe_test.json
 
@@ -50,7 +50,12 @@ def probe_table(settings: Sequence[Setting], file_name: str) -> tuple[str, list[
         for run in setting.runs:
             path = Path(run.run_dir) / file_name
             if path.is_file():
-                probes.append(probe_groups(json.loads(path.read_text())))
+                try:
+                    probes.append(probe_groups(json.loads(path.read_text())))
+                except (json.JSONDecodeError, KeyError) as error:
+                    raise PlotError(
+                        f"{path} is not a probe's JSON ({error!r}): probe again"
+                    ) from None
             else:
                 missing.append(run.run_dir)
         if probes:

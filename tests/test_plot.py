@@ -687,3 +687,6 @@ def test_a_sweeps_probes_are_averaged_per_setting(tmp_path, capsys):
     assert probe_groups(collision) == {"all": ("error", 0.5, 4), "?last": ("error", None, 0)}
     assert probes_main([str(tmp_path), "--file", "other.json"]) == 2
     assert "no run has a other.json" in capsys.readouterr().err
+    (tmp_path / "expire_span-0" / "probe.json").write_text('{"accuracy": 0.2}')
+    assert probes_main([str(tmp_path), "--file", "probe.json"]) == 2
+    assert "expire_span-0/probe.json is not a probe's JSON" in capsys.readouterr().err
