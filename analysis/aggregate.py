@@ -340,13 +340,20 @@ def aggregate_markdown(
         return text + "\n\nNo task was learned: nothing to aggregate.", result
     kept = [s for s in scores if s.task in aggregated]
     matrices = score_matrices(kept, aggregated)
-    single = [kind for kind in kinds if matrices[kind].shape[0] < MIN_COMPARED_RUNS]
+    absent = [kind for kind in kinds if kind not in matrices]
+    single = [
+        kind for kind in kinds if kind in matrices and matrices[kind].shape[0] < MIN_COMPARED_RUNS
+    ]
     left_out = (
-        f"\n\nLeft out of the aggregate, with fewer than {MIN_COMPARED_RUNS} runs per task (a "
-        f"single run resampled has an interval of no width): {', '.join(single)}"
-        if single
+        f"\n\nLeft out of the aggregate, with no runs of the learned tasks: {', '.join(absent)}"
+        if absent
         else ""
     )
+    if single:
+        left_out += (
+            f"\n\nLeft out of the aggregate, with fewer than {MIN_COMPARED_RUNS} runs per task "
+            f"(a single run resampled has an interval of no width): {', '.join(single)}"
+        )
     matrices = {kind: matrix for kind, matrix in matrices.items() if kind not in single}
     if not matrices:
         return text + left_out, result

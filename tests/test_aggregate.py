@@ -180,6 +180,15 @@ def test_unlearned_tasks_are_named_and_left_out_of_the_aggregate():
     assert "| gru | 3 |" in text and ": improves |" in text
 
 
+def test_a_memory_that_ran_only_unlearned_tasks_is_named_and_left_out():
+    """The suite's 10M runs while they land: the GRU's so far only on a task no memory learns."""
+    runs = scores("learned", "expire_span", [0.9, 0.95, 1.0]) + scores("flat", "gru", [0.26] * 3)
+    runs += scores("flat", "expire_span", [0.27] * 3)
+    text, result = aggregate_markdown(runs, reps=REPS)
+    assert set(result["iqm"]) == {"expire_span"} and result["improvement"] == {}
+    assert text.endswith("Left out of the aggregate, with no runs of the learned tasks: gru")
+
+
 def popgym_runs(root, task, kind, seed, level, total_steps=1_000_000):
     """A POPGym run whose interval returns climb from -0.5 to `level` over 63 intervals."""
     cfg = rl_config(kind, 200 if kind == "expire_span" else None, seed, env="popgym")
