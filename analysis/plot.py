@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -113,6 +114,7 @@ BOOKKEEPING_KEYS = (
     "task.data_dir",
 )
 BOOKKEEPING_GROUPS = ("wandb.", "eval.")
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 KIND_STYLES = {  # label, colour, marker
     "expire_span": ("Expire-Span", "tab:red", "o"),
     "transformer_xl": ("Transformer-XL", "tab:blue", "s"),
@@ -291,7 +293,8 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         cfg = OmegaConf.load(run_dir / CONFIG_FILE)
     except yaml.YAMLError as error:
         raise PlotError(f"{run_dir / CONFIG_FILE} is not valid YAML: {error}") from error
-    is_lm = run_kind(cfg) is LM
+    trainer = run_kind(cfg)
+    is_lm = trainer is LM
     name = str(_config_value(cfg, "task.name" if is_lm else "env.name", run_dir))
     group = name
     if not is_lm and name in NAMED_ENVS and NAMED_ENVS[name].any_gym_id:  # the id's part after ":"
@@ -334,8 +337,17 @@ def read_run(run_dir: Path, metric: str | None = None, last: int | None = None) 
         held=None if is_lm or not learned else held_best(learned),
         steps=int(records[-1]["step"]),
         total_steps=OmegaConf.select(cfg, "total_steps"),
-        config=_flatten(OmegaConf.to_container(cfg)),
+        config=_top_defaults(trainer.config_name) | _flatten(OmegaConf.to_container(cfg)),
     )
+
+
+@functools.cache
+def _top_defaults(config_name: str) -> dict[str, Any]:
+    """The values a trainer's top config file (configs/rl.yaml, lm.yaml) sets, flat. A key added
+    there after a run was made keeps the old behaviour as its default, so a run whose saved
+    config lacks it ran with that default: its setting is not told apart by the key's absence."""
+    top = OmegaConf.to_container(OmegaConf.load(CONFIGS / f"{config_name}.yaml"))
+    return _flatten({key: value for key, value in top.items() if key not in ("defaults", "hydra")})
 
 
 def lm_tokens_per_step(cfg: Any) -> int | None:
@@ -393,7 +405,8 @@ def held_best(values: Sequence[float]) -> bool:
 
 def label_settings(results: Sequence[RunResult]) -> list[RunResult]:
     """Fill in each run's `setting`: the config values, other than the seed, bookkeeping,
-    memory.kind and memory.max_span, that differ between the runs of its kind and figure."""
+    memory.kind and memory.max_span, that differ between the runs of its kind and figure (a key
+    an older run's config lacks counts as the trainer's default, `_top_defaults`)."""
     peers: dict[tuple[str, str, str], list[RunResult]] = {}
     for run in results:
         peers.setdefault((run.group, run.metric, run.kind), []).append(run)

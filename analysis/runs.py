@@ -28,6 +28,7 @@ class RunKind:
     trainer: str
     key: str  # its config group (`env` or `task`), whose `name` says which env or task
     tools: str  # the analysis tools that read such runs, for the message that refuses one
+    config_name: str  # its top config file, configs/<config_name>.yaml
 
 
 RL = RunKind(
@@ -36,6 +37,7 @@ RL = RunKind(
     "train_rl.py",
     "env",
     "analysis.curves, analysis.span_drift or analysis.plot",
+    "rl",
 )
 LM = RunKind(
     "a language-model run",
@@ -43,6 +45,7 @@ LM = RunKind(
     "train_lm.py",
     "task",
     "analysis.visualize, analysis.collision_probe or analysis.plot",
+    "lm",
 )
 KINDS = (RL, LM)
 

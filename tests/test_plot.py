@@ -208,6 +208,21 @@ def test_settings_split_on_what_differs_but_not_on_bookkeeping(tmp_path):
     assert len(expire.get_xydata()) == 2
 
 
+def test_a_key_older_runs_lack_reads_as_its_default(tmp_path):
+    """A run saved before configs/rl.yaml had `compile_learner` ran uncompiled: it is one
+    setting with a newer run at `compile_learner: false`, and apart from one that compiled."""
+    records = rl_records([0.5, 0.7], [3.0, 4.0])
+    default = OmegaConf.load(ROOT / "configs" / "rl.yaml").compile_learner
+    for job, extra in enumerate([{}, {"compile_learner": default}, {"compile_learner": "default"}]):
+        make_run(tmp_path / str(job), rl_config("expire_span", 64, job) | extra, records)
+
+    settings = summarize(label_settings([read_run(tmp_path / str(job)) for job in range(3)]))
+    assert [(s.setting, s.seeds) for s in settings] == [
+        ("compile_learner=False", [0, 1]),
+        ("compile_learner=default", [2]),
+    ]
+
+
 @pytest.mark.slow
 def test_a_popgym_sweep_is_grouped_by_task_and_memory_kind(tmp_path, capsys):
     """env=popgym runs differ in env.id: one figure and table per task, each setting a memory
