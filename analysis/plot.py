@@ -553,13 +553,13 @@ def task_table(settings: Sequence[Setting]) -> str:
     shows the spread), then each setting's mean memory size and, for RL runs, how many of its
     runs held, in the columns' order."""
     in_order = sorted(settings, key=lambda s: (*_memory_order(s), s.setting))
-    columns = list(dict.fromkeys(_column_label(s) for s in in_order))
+    columns = list(dict.fromkeys(setting_label(s) for s in in_order))
     with_held = any(s.held is not None for s in settings)
     header = ["task", *columns, "memory size: " + ", ".join(columns)]
     header += ["held: " + ", ".join(columns)] if with_held else []
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for (group, metric), panel in _by_figure(settings).items():
-        cells = {_column_label(s): s for s in panel}
+        cells = {setting_label(s): s for s in panel}
         found = [cells.get(column) for column in columns]
         row = [f"{group} ({metric})"]
         row += ["" if s is None else _spread_text(*s.final, len(s.runs)) for s in found]
@@ -604,14 +604,14 @@ def collect(
         except NotReadyError as reason:
             skipped.append(str(reason))
     if skipped:
-        _warn(f"skipped {len(skipped)} run(s) with nothing to plot yet", skipped)
+        warn(f"skipped {len(skipped)} run(s) with nothing to plot yet", skipped)
     if not results:
         raise PlotError("no run has usable metrics yet")
     unfinished = [
         f"{r.run_dir}: step {r.steps:,} of {r.total_steps:,}" for r in results if not r.finished
     ]
     if unfinished:
-        _warn(
+        warn(
             f"{len(unfinished)} run(s) still running or stopped early, plotted as they are",
             unfinished,
         )
@@ -740,10 +740,11 @@ def _size_text(size: tuple[float, float] | None) -> str:
     return "" if size is None else f"{size[0]:.3g}"
 
 
-def _column_label(setting: Setting) -> str:
-    """A memory setting's name in a task table: "Transformer-XL 200 ramp=2", "GRU"."""
+def setting_label(setting: Setting, with_span: bool = True) -> str:
+    """A memory setting's name in a table: "Transformer-XL 200 ramp=2", "GRU" (without the span
+    where the table has a column for it)."""
     label = KIND_STYLES.get(setting.kind, (setting.kind,))[0]
-    span = "" if setting.max_span is None else str(setting.max_span)
+    span = "" if setting.max_span is None or not with_span else str(setting.max_span)
     return " ".join(part for part in (label, span, setting.setting) if part)
 
 
@@ -779,7 +780,8 @@ def _file_name(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "_", text).strip("_")
 
 
-def _warn(title: str, lines: Sequence[str]) -> None:
+def warn(title: str, lines: Sequence[str]) -> None:
+    """A list of runs the command left out, on stderr."""
     print(f"{title}:\n  " + "\n  ".join(lines), file=sys.stderr)
 
 
@@ -835,10 +837,10 @@ def comparison_table(panel: Sequence[Setting]) -> str | None:
     if not references or len(panel) < 2 or not installed("rliable"):
         return None
     metric = panel[0].metric
-    finals = {_column_label(s): [run.final for run in s.runs] for s in panel}
+    finals = {setting_label(s): [run.final for run in s.runs] for s in panel}
     comparisons = setting_comparisons(
         finals,
-        [_column_label(s) for s in references],
+        [setting_label(s) for s in references],
         lower_is_better=metric.endswith(LOWER_BETTER),
     )
     single = [label for label, values in finals.items() if len(values) < MIN_COMPARED_RUNS]
@@ -878,7 +880,7 @@ def suite_tables(settings: Sequence[Setting], out_dir: Path) -> list[str]:
         try:
             text, drawn = write_aggregate(alike, figure)
         except AggregateError as error:
-            _warn("no aggregate across tasks", [str(error)])
+            warn("no aggregate across tasks", [str(error)])
             continue
         tables.append(text)
         if drawn:

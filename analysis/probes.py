@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.plot import KIND_STYLES, PlotError, Setting, collect, summarize
+from analysis.plot import PlotError, Setting, collect, setting_label, summarize, warn
 
 SCORES = ("accuracy", "error")  # what a probe's group reports, with its "count"
 
@@ -72,10 +72,11 @@ def probe_table(settings: Sequence[Setting], file_name: str) -> tuple[str, list[
         header.append(f"{name} ({score}{count})")
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for setting, probes in rows:
-        label = KIND_STYLES.get(setting.kind, (setting.kind,))[0]
-        if setting.setting:
-            label += f" {setting.setting}"
-        row = [label, "" if setting.max_span is None else str(setting.max_span), str(len(probes))]
+        row = [
+            setting_label(setting, with_span=False),
+            "" if setting.max_span is None else str(setting.max_span),
+            str(len(probes)),
+        ]
         for name in names:
             values = [p[name][1] for p in probes if name in p and p[name][1] is not None]
             row.append(f"{statistics.fmean(values):.3f}" if values else "")
@@ -98,10 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{parser.prog}: error: {error}", file=sys.stderr)
         return 2
     if missing:
-        print(
-            f"{len(missing)} run(s) without {args.file}:\n  " + "\n  ".join(missing),
-            file=sys.stderr,
-        )
+        warn(f"{len(missing)} run(s) without {args.file}", missing)
     print(table)
     return 0
 
