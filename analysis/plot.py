@@ -781,7 +781,7 @@ def _file_name(text: str) -> str:
 
 
 def warn(title: str, lines: Sequence[str]) -> None:
-    """A list of runs the command left out, on stderr."""
+    """A heading and its lines (the runs left out, or why a table is missing), on stderr."""
     print(f"{title}:\n  " + "\n  ".join(lines), file=sys.stderr)
 
 
