@@ -8,8 +8,10 @@ al., *Deep RL at the Edge of the Statistical Precipice*, NeurIPS 2021).
   a run logs is the best of single log intervals, which a short interval inflates.)
 - A task is **learned** when some memory's mean final score is at least LEARNED_GAIN above the
   task's starting level: the mean final score of its runs without memory (`memory=mlp`) where
-  there are some, else its runs' mean score over their first logged interval. An unlearned task
-  is reported as such and left out of the aggregates.
+  there are some, else of its runs without memory at another budget (the suite's 10M runs have
+  none of their own), else its runs' mean score over their first logged interval (which is
+  below what a policy without memory reaches in a few intervals). An unlearned task is
+  reported as such and left out of the aggregates.
 - Across seeds and learned tasks: the **IQM** of final scores with a 95% stratified-bootstrap
   interval (runs resampled within each task), and the **probability of improvement** of a
   reference memory over each other one, with its interval. A memory with fewer than
@@ -129,23 +131,28 @@ def score_run(run_dir: str | Path, task: str, kind: str, seed: int, metric: str)
     )
 
 
-def starting_level(runs: Sequence[RunScore]) -> float:
+def starting_level(runs: Sequence[RunScore], baselines: Sequence[RunScore] = ()) -> float:
     """A task's level before memory helps: what its runs without memory end at, where there are
-    some (a task solved without memory is not a memory's), else where its runs start."""
-    memoryless = [run.final for run in runs if run.kind.split()[0] == NO_MEMORY]
+    some (a task solved without memory is not a memory's), else what `baselines` (its runs
+    without memory at another budget) end at, else where its runs start."""
+    memoryless = [run.final for run in runs if _memoryless(run)]
+    memoryless = memoryless or [run.final for run in baselines if _memoryless(run)]
     return float(np.mean(memoryless if memoryless else [run.start for run in runs]))
 
 
-def learned_tasks(scores: Sequence[RunScore]) -> dict[str, bool]:
+def learned_tasks(
+    scores: Sequence[RunScore], baselines: Sequence[RunScore] = ()
+) -> dict[str, bool]:
     """Per task: whether some memory's mean final score is LEARNED_GAIN above its starting level."""
     by_task: dict[str, list[RunScore]] = defaultdict(list)
     for score in scores:
         by_task[score.task].append(score)
     learned = {}
     for task, runs in by_task.items():
-        kinds = {run.kind for run in runs if run.kind.split()[0] != NO_MEMORY}
+        kinds = {run.kind for run in runs if not _memoryless(run)}
         best = max(np.mean([run.final for run in runs if run.kind == kind]) for kind in kinds)
-        learned[task] = bool(best >= starting_level(runs) + LEARNED_GAIN)
+        start = starting_level(runs, [run for run in baselines if run.task == task])
+        learned[task] = bool(best >= start + LEARNED_GAIN)
     return learned
 
 
@@ -301,10 +308,14 @@ def verdict(interval: tuple[float, ...], p: float | None = None) -> str:
 
 
 def aggregate_markdown(
-    scores: Sequence[RunScore], reference: str = REFERENCE_KIND, reps: int = BOOTSTRAP_REPS
+    scores: Sequence[RunScore],
+    reference: str = REFERENCE_KIND,
+    reps: int = BOOTSTRAP_REPS,
+    baselines: Sequence[RunScore] = (),
 ) -> tuple[str, dict[str, Any]]:
-    """The per-task and aggregate tables as markdown, and the numbers behind them."""
-    learned = learned_tasks(scores)
+    """The per-task and aggregate tables as markdown, and the numbers behind them; `baselines`
+    are runs without memory at another budget, the starting level of tasks with none here."""
+    learned = learned_tasks(scores, baselines)
     tasks = sorted(learned)
     kinds = sorted({score.kind for score in scores}, key=lambda k: (k != reference, k))
     per_task = [
@@ -313,7 +324,7 @@ def aggregate_markdown(
     ]
     for task in tasks:
         runs = [s for s in scores if s.task == task]
-        start = starting_level(runs)
+        start = starting_level(runs, [s for s in baselines if s.task == task])
         cells = []
         for kind in kinds:
             mine = [s for s in runs if s.kind == kind]
@@ -334,7 +345,9 @@ def aggregate_markdown(
     }
     text = (
         "Final score (normalised, mean of the last 10% of steps) per task: mean [lowest, highest] "
-        "over seeds; MMER in return units.\n\n" + "\n".join(per_task)
+        "over seeds; MMER in return units; start: the final score of the runs without memory, "
+        "of another budget where this one has none, else the runs' first interval.\n\n"
+        + "\n".join(per_task)
     )
     if not aggregated:
         return text + "\n\nNo task was learned: nothing to aggregate.", result
@@ -423,6 +436,10 @@ def _bootstrap(scores: Any, statistic: Any, reps: int) -> tuple[float, float, fl
         np.random.set_state(global_state)
     low, high = np.ravel(intervals["scores"])
     return float(np.ravel(points["scores"])[0]), float(low), float(high)
+
+
+def _memoryless(score: RunScore) -> bool:
+    return score.kind.split()[0] == NO_MEMORY
 
 
 def _seed(score: RunScore) -> int:

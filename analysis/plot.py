@@ -73,9 +73,11 @@ from agents import BASELINE_KINDS
 from analysis.aggregate import (
     BOOTSTRAP_REPS,
     MIN_COMPARED_RUNS,
+    NO_MEMORY,
     NORMALISED,
     REFERENCE_KIND,
     AggregateError,
+    RunScore,
     aggregate_markdown,
     comparison_markdown,
     plot_aggregate,
@@ -866,7 +868,8 @@ def suite_tables(settings: Sequence[Setting], out_dir: Path) -> list[str]:
     not draws of one distribution): the table of every task (`task_table`) and, for RL runs,
     the rliable aggregate, drawn in OUT_DIR/aggregate.png, or aggregate_<steps>.png for each
     budget where there are several. Within a budget a run's setting is what tells it apart
-    from the other runs of that budget, so a memory's runs of one budget share a label."""
+    from the other runs of that budget, so a memory's runs of one budget share a label. A task
+    with no run without memory in a budget starts where those of another budget end."""
     runs = [run for setting in settings for run in setting.runs]
     budgets = sorted({run.total_steps or 0 for run in runs})  # (0: a config without it)
     tables = []
@@ -877,8 +880,11 @@ def suite_tables(settings: Sequence[Setting], out_dir: Path) -> list[str]:
         if len(budgets) > 1:
             heading, figure = f"Runs of {budget:,} steps", out_dir / f"aggregate_{budget}.png"
         tables.append(f"{heading}:\n\n{task_table(summarize(alike))}")
+        baselines = [
+            run for run in runs if run.kind == NO_MEMORY and (run.total_steps or 0) != budget
+        ]
         try:
-            text, drawn = write_aggregate(alike, figure)
+            text, drawn = write_aggregate(alike, figure, baselines)
         except AggregateError as error:
             warn("no aggregate across tasks", [str(error)])
             continue
@@ -888,32 +894,31 @@ def suite_tables(settings: Sequence[Setting], out_dir: Path) -> list[str]:
     return tables
 
 
-def write_aggregate(runs: Sequence[RunResult], figure: Path) -> tuple[str, bool]:
+def write_aggregate(
+    runs: Sequence[RunResult], figure: Path, baselines: Sequence[RunResult] = ()
+) -> tuple[str, bool]:
     """The rliable tables of RL runs over several tasks (`analysis.aggregate`), each memory
     labelled by its kind and setting, and whether they were drawn in ``figure`` (not without
-    two runs of a memory per task). Refused for runs whose metrics have no known range."""
-    unknown = sorted({run.metric for run in runs} - set(NORMALISED))
+    two runs of a memory per task); `baselines`: runs without memory at another budget. Refused
+    for runs whose metrics have no known range."""
+    unknown = sorted({run.metric for run in [*runs, *baselines]} - set(NORMALISED))
     if unknown:
         raise AggregateError(f"no known range for {', '.join(unknown)}, so no normalised score")
     if not installed("rliable"):
         raise AggregateError(
             'the aggregate needs rliable, which is not installed: pip install -e ".[stats]"'
         )
-    scores = [
-        score_run(
-            run.run_dir,
-            run.group,
-            " ".join(filter(None, (run.kind, run.setting))),
-            run.seed,
-            run.metric,
-        )
-        for run in runs
-    ]
-    text, result = aggregate_markdown(scores)
+    scores, baseline_scores = ([_score(run) for run in group] for group in (runs, baselines))
+    text, result = aggregate_markdown(scores, baselines=baseline_scores)
     if "iqm" not in result:
         return text, False
     _save_png(plot_aggregate(result), figure)
     return text, True
+
+
+def _score(run: RunResult) -> RunScore:
+    kind = " ".join(filter(None, (run.kind, run.setting)))
+    return score_run(run.run_dir, run.group, kind, run.seed, run.metric)
 
 
 if __name__ == "__main__":

@@ -75,6 +75,17 @@ def test_the_level_without_memory_is_the_starting_level_where_runs_without_memor
     assert learned_tasks(runs)["b"]
 
 
+def test_without_runs_without_memory_a_task_starts_where_those_of_another_budget_end():
+    """The suite's 10M runs: a policy without memory leaves its first interval at once, so
+    HigherLowerEasy (0.52 to 0.75, where no memory ends at 1M) would count as learned."""
+    runs = scores("hl", "gru", [0.76, 0.75], start=0.52) + scores("cr", "gru", [0.8, 0.8])
+    assert learned_tasks(runs) == {"hl": True, "cr": True}
+    at_1m = scores("hl", "mlp", [0.75, 0.75]) + scores("cr", "mlp", [0.04, 0.04])
+    assert learned_tasks(runs, at_1m) == {"hl": False, "cr": True}
+    here = scores("hl", "mlp", [0.6, 0.6])  # runs without memory of this budget come first
+    assert learned_tasks(runs + here, at_1m) == {"hl": True, "cr": True}
+
+
 def test_iqm_and_its_interval_follow_the_scores():
     rng = np.random.default_rng(0)
     matrices = {"a": rng.random((5, 3)), "flat": np.full((5, 3), 0.4)}
@@ -252,6 +263,27 @@ def test_each_budget_gets_its_own_aggregate(tmp_path, capsys):
     assert iqm == pytest.approx({"expire_span": (0.8 + 1) / 2, "gru": 0.5}, abs=0.002)
     for budget in (1_000_000, 10_000_000):
         assert (tmp_path / "out" / f"aggregate_{budget}.png").stat().st_size > 0
+
+
+@pytest.mark.slow
+def test_a_budget_without_runs_without_memory_starts_where_another_budgets_end(tmp_path, capsys):
+    """At 10M steps, with no run without memory, a task no memory learns at 1M is unlearned
+    where the memories end near no memory's 1M level, though far above their first interval."""
+    runs = tmp_path / "runs"
+    for seed in range(3):
+        for task, level in (("HigherLowerEasy", 0.5), ("CountRecallEasy", -0.9)):
+            popgym_runs(runs, task, "mlp", seed, level)
+            popgym_runs(runs, task, "expire_span", seed, level + 0.05)
+            for kind in ("expire_span", "gru"):
+                level_10m = {"HigherLowerEasy": 0.52, "CountRecallEasy": 0.4}[task]
+                popgym_runs(runs, task, kind, seed, level_10m, 10_000_000)
+    assert main([str(runs), "--out", str(tmp_path / "out"), "--markdown"]) == 0
+    long = capsys.readouterr().out.split("Runs of 10,000,000 steps:")[1]
+    assert "the 1 learned tasks (popgym-CountRecallEasy-v0; unlearned: popgym-Higher" in long
+    row = next(
+        row for row in long.splitlines() if row.startswith("| popgym-HigherLowerEasy-v0 (unl")
+    )
+    assert float(row.split(" | ")[1]) == pytest.approx((0.5 + 1) / 2, abs=0.002)  # no memory's
 
 
 def test_an_interval_is_the_same_twice_and_whatever_else_is_compared():
