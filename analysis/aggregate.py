@@ -136,7 +136,7 @@ def starting_level(runs: Sequence[RunScore], baselines: Sequence[RunScore] = ())
     some (a task solved without memory is not a memory's), else what `baselines` (its runs
     without memory at another budget) end at, else where its runs start."""
     memoryless = [run.final for run in runs if _memoryless(run)]
-    memoryless = memoryless or [run.final for run in baselines if _memoryless(run)]
+    memoryless = memoryless or [run.final for run in baselines]
     return float(np.mean(memoryless if memoryless else [run.start for run in runs]))
 
 
