@@ -165,6 +165,31 @@ def test_an_annealed_run_refuses_a_new_budget_on_resume(tmp_path):
     assert (run_dir / "metrics.jsonl").read_text() == before
 
 
+def test_a_resume_may_change_the_learner_and_records_the_change(tmp_path):
+    """A resume may lower the rate, leave the annealing for a constant rate (and so extend
+    the budget) and drop the anchor: the updates after it learn at the new rate, the run's
+    config records each change at the checkpoint's step, and the first line names them."""
+    run_dir = tmp_path / "run"
+    args = [*TINY_RL, "eval.after_training=false"]
+    result = run([*args, "agent.lr=1e-3", f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    changes = ["agent.lr=2e-4", "agent.lr_schedule=constant", "agent.anchor_coef=0"]
+    result = run([*args, *changes, f"total_steps={4 * STEPS_PER_UPDATE}", "resume=true"], run_dir)
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [line["lr"] for line in lines] == pytest.approx([1e-3, 1e-3 / 2, 2e-4, 2e-4])
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    agent = saved.agent
+    assert (agent.lr, agent.lr_schedule, agent.anchor_coef) == (2e-4, "constant", 0)
+    step = 2 * STEPS_PER_UPDATE
+    assert OmegaConf.to_container(saved.changed_at_resume) == [
+        {"step": step, "key": "agent.lr", "from": 1e-3, "to": 2e-4},
+        {"step": step, "key": "agent.lr_schedule", "from": "linear", "to": "constant"},
+        {"step": step, "key": "agent.anchor_coef", "from": 1.0, "to": 0},
+    ]
+    assert "changes at this step: agent.lr=0.0002 (was 0.001)" in result.stdout
+
+
 # Each env with its defaults, and the state only some settings carry. (POPGym's and other
 # Gymnasium envs have no state_dict: a resume restarts them from their seeds, as the README says.)
 RESUME_SETTINGS = {

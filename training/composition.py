@@ -93,8 +93,14 @@ def describe_start(cfg: DictConfig, checkpoint: Mapping | None, run_dir: Path) -
     """The start-up line of a run that Hydra started: a new run's composition, or that a
     resumed run goes on with the settings saved in its directory."""
     if checkpoint is not None:
+        changed = [
+            f"{change['key']}={change['to']} (was {change['from']})"
+            for change in cfg.get("changed_at_resume") or []
+            if change["step"] == checkpoint["step"]
+        ]
         return (
             f"continues the run in {run_dir} from step {checkpoint['step']:,} with the settings "
             f"it started with ({run_dir / CONFIG_FILE}), but for those this command gives"
+            + (f"; changes at this step: {', '.join(changed)}" if changed else "")
         )
     return describe_composition(cfg, HydraConfig.get().job.config_name, command_line_overrides())

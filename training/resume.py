@@ -48,6 +48,20 @@ RESUMABLE = (
     "torch_threads",
     "wandb",
 )
+# Learner settings a resume may also change, per trainer config: what to lower or clip after a
+# run diverged, and what a study continues a held run under. Each change is recorded in the
+# run's config (CHANGES_KEY: step, key, from, to), so the run says what it ran when.
+CHANGEABLE = {
+    "rl": (
+        "agent.lr",
+        "agent.lr_schedule",
+        "agent.max_grad_norm",
+        "agent.entropy_coef",
+        "agent.anchor_coef",
+    ),
+    "lm": ("lr", "grad_clip"),
+}
+CHANGES_KEY = "changed_at_resume"
 
 
 def resume_checkpoint(
@@ -160,8 +174,9 @@ def check_resume_of(
             refuse_existing_run(run_dir)
         return
     checkpoint = resume_checkpoint(run_dir, resume=True)
-    check_resumed_budget(cfg.total_steps, checkpoint)
-    check(resumed_config(cfg, checkpoint, overrides, config_name))
+    resumed = resumed_config(cfg, checkpoint, overrides, config_name)
+    check_resumed_budget(resumed, checkpoint)
+    check(resumed)
 
 
 def resumed_config(
@@ -170,10 +185,12 @@ def resumed_config(
     """The config of the run `checkpoint` continues: the saved one, with the RESUMABLE fields
     that this command sets explicitly (`given_keys`: on the command line, or in a file it adds
     such as `+sweep=suite`), taken from `cfg`; the rest keep the run's values, so a resume
-    without `log_interval=...` logs at the run's own interval. A command-line override
-    (Hydra's `key=value` strings) that would change any other field is a config error naming
-    each leaf key it changes (a group override such as `memory=transformer_xl` changes the
-    group's keys; a whole group would not say which), since the run cannot switch settings
+    without `log_interval=...` logs at the run's own interval. The trainer's CHANGEABLE
+    learner settings may be given too: each one that differs is appended to the config's
+    CHANGES_KEY list as {step, key, from, to}, the step being the checkpoint's. A command-line
+    override (Hydra's `key=value` strings) that would change any other field is a config error
+    naming each leaf key it changes (a group override such as `memory=transformer_xl` changes
+    the group's keys; a whole group would not say which), since the run cannot switch settings
     midway. A setting added to the trainer after the run began takes this command's value.
     `config_name`: the trainer's Hydra config, initialised."""
     saved = OmegaConf.create(checkpoint["config"])
@@ -198,10 +215,11 @@ def resumed_config(
     def as_given(value: Any) -> str:  # as written on a command line: null, not None
         return "null" if value is None else str(value)
 
+    changeable = CHANGEABLE.get(config_name, ())
     conflicts: dict[str, None] = {}  # in order, once each (two overrides may reach one key)
     for override in overrides:
         key = override.lstrip("+~").split("=", 1)[0]
-        if key.split(".")[0] in RESUMABLE:
+        if key.split(".")[0] in RESUMABLE or key in changeable:
             continue
         now, before = _plain(OmegaConf.select(cfg, key)), _plain(OmegaConf.select(saved, key))
         conflicts.update(dict.fromkeys(changes(key, now, before)))
@@ -218,10 +236,16 @@ def resumed_config(
         saved[key] = cfg.get(key)
     for key in cfg.keys() - saved.keys():  # settings added to the trainer since the run began
         saved[key] = cfg[key]
+    changes = list(saved.get(CHANGES_KEY) or [])
     for key in given_keys(overrides, config_name):
         value = OmegaConf.select(cfg, key, default=unset)
-        if key.split(".")[0] in RESUMABLE and value is not unset:
+        before = OmegaConf.select(saved, key, default=None)
+        if key in changeable and value is not unset and value != before:
+            changes.append({"step": checkpoint["step"], "key": key, "from": before, "to": value})
+        if (key.split(".")[0] in RESUMABLE or key in changeable) and value is not unset:
             OmegaConf.update(saved, key, value, force_add=True)
+    if changes:
+        saved[CHANGES_KEY] = changes
     return saved
 
 
@@ -261,22 +285,24 @@ def resumed_run(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any] | None]:
     checkpoint = resume_checkpoint(get_run_dir(), cfg.resume, overwrite=overwrite)
     if checkpoint is None:
         return cfg, None
-    check_resumed_budget(cfg.total_steps, checkpoint)
     config_name = HydraConfig.get().job.config_name
-    return resumed_config(cfg, checkpoint, command_line_overrides(), config_name), checkpoint
+    resumed = resumed_config(cfg, checkpoint, command_line_overrides(), config_name)
+    check_resumed_budget(resumed, checkpoint)
+    return resumed, checkpoint
 
 
-def check_resumed_budget(total_steps: int, checkpoint: Mapping) -> None:
+def check_resumed_budget(resumed: DictConfig, checkpoint: Mapping) -> None:
     """A resume may change total_steps only where the learning rate does not follow it: an
     annealed rate (RL's agent.lr_schedule=linear, the LM's cosine decay to min_lr_ratio < 1)
     took the run's first budget into every step so far, so no other budget continues it
-    exactly."""
-    saved = checkpoint["config"]
-    before = saved["total_steps"]
-    if "agent" in saved:
-        annealed, fix = saved["agent"].get("lr_schedule") == "linear", "agent.lr_schedule=constant"
+    exactly. ``resumed``: the config the run continues with (`resumed_config`), whose rate
+    schedule may be one the resume changed to."""
+    total_steps, before = resumed.total_steps, checkpoint["config"]["total_steps"]
+    if "agent" in resumed:
+        annealed = resumed.agent.get("lr_schedule") == "linear"
+        fix = "agent.lr_schedule=constant"
     else:
-        annealed, fix = saved.get("min_lr_ratio", 1) != 1, "min_lr_ratio=1"
+        annealed, fix = resumed.get("min_lr_ratio", 1) != 1, "min_lr_ratio=1"
     if total_steps == before or not annealed:
         return
     raise ConfigError(
