@@ -3,9 +3,10 @@
 The loop reads top to bottom: check the config, build the environments and the agent, then
 repeat: act for T steps in step mode, recompute the unroll in block mode from the memory
 carried over from the previous unroll (BPTT over T), take an update (A2C) or a few (PPO),
-log, checkpoint. A finished run evaluates its agent greedily (RUN_DIR/eval.json) and draws
-its learning curves (RUN_DIR/curves.png). `mode=eval checkpoint=PATH` runs greedy episodes
-instead. Under `torchrun` every rank steps its own environments and gradients are all-reduced.
+log, checkpoint. A finished run evaluates its agent by its most likely actions and by sampled
+ones (RUN_DIR/eval.json) and draws its learning curves (RUN_DIR/curves.png). `mode=eval
+checkpoint=PATH` runs those episodes instead. Under `torchrun` every rank steps its own
+environments and gradients are all-reduced.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from agents.build import build_agent, build_core
 from agents.compiled_step import refuse_unchecked_target
 from agents.encoders import NORMALISE
 from agents.episodes import EpisodeStats
-from agents.evaluation import evaluate_agent, record_episode
+from agents.evaluation import POLICIES, evaluate_policies, record_episode
 from agents.losses import ADVANTAGE_SCALES
 from agents.play import Player
 from agents.rollout import Unroll, collect_unroll
@@ -183,6 +184,7 @@ def checked_env(env_cfg: DictConfig) -> gym.Env:
 def check_eval(cfg: DictConfig) -> None:
     """The evaluation settings, and mode=eval's checkpoint."""
     check_positive_int("eval.length_bins", cfg.eval.length_bins)
+    check_choice("eval.policy", cfg.eval.policy, tuple(POLICIES))
     for key in ("episodes", "num_envs"):
         check_positive_int(f"eval.{key}", cfg.eval[key])
     if cfg.eval.record:
@@ -369,22 +371,22 @@ def save_training(
 
 def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> None:
     """What a finished run leaves besides its checkpoints: RUN_DIR/eval.json, the trained
-    agent's evaluation (`evaluate_agent`, with the eval settings), and RUN_DIR/curves.png, its
-    learning curves (`python -m analysis.curves`)."""
-    result = evaluate_agent(agent, cfg.env, cfg.eval, cfg.seed)
+    agent's evaluation by each policy of eval.policy (`evaluate_policies`), and
+    RUN_DIR/curves.png, its learning curves (`python -m analysis.curves`)."""
+    result = evaluate_policies(agent, cfg.env, cfg.eval, cfg.seed)
     records = read_metrics(run_dir / METRICS_FILE)
     metric = task_metric(cfg.env.name, records)
     runs = [(run_label(cfg), records)]
     save_report(run_dir, result, plot_curves(runs, rl_panels(runs, [metric])))
-    policy = "greedy" if cfg.eval.greedy else "sampled"
-    log.info(
-        "%s %s: %.3f over %d episodes (%s)",
-        policy,
-        metric,
-        result.get(metric, math.nan),
-        result["episodes"],
-        run_dir / EVAL_FILE,
-    )
+    for policy, outcome in result.items():
+        log.info(
+            "%s %s: %.3f over %d episodes (%s)",
+            policy,
+            metric,
+            outcome.get(metric, math.nan),
+            outcome["episodes"],
+            run_dir / EVAL_FILE,
+        )
 
 
 def evaluate(cfg: DictConfig) -> None:
@@ -402,11 +404,12 @@ def evaluate(cfg: DictConfig) -> None:
     agent = build_agent(trained, single.observation_space, single.action_space)
     single.close()
     agent.load_state_dict(checkpoint["agent"])
-    result = evaluate_agent(agent, trained.env, cfg.eval, cfg.seed)
+    result: dict = evaluate_policies(agent, trained.env, cfg.eval, cfg.seed)
     result["checkpoint"] = str(cfg.checkpoint)
-    if cfg.eval.record:
+    if cfg.eval.record:  # an episode of the first policy evaluated
+        greedy = POLICIES[cfg.eval.policy][0] == "greedy"
         path = Path(cfg.eval.record)
-        result["record"] = record_episode(agent, trained.env, path, cfg.seed, cfg.eval.greedy)
+        result["record"] = record_episode(agent, trained.env, path, cfg.seed, greedy)
     print(json.dumps(result))
 
 

@@ -1,6 +1,7 @@
-"""Evaluating a trained agent: episodes on seeds training never used, their outcome, and for
-memory transformers the spans they give (mode=eval, a finished run's eval.json); recording
-one episode."""
+"""Evaluating a trained agent: episodes on seeds training never used, acting by its most likely
+action (greedy) and by sampling as training does, their outcome and how the agent acts
+(episode lengths against the shortest path, moves into walls), and for memory transformers the
+spans they give (mode=eval, a finished run's eval.json); recording one episode."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from agents.actor_critic import ActorCritic
+from agents.distributions import sample
 from agents.episodes import EpisodeStats
 from agents.play import Player
 from agents.probes import SpanProbe, keep_new_memories, success_by_case, success_by_length
@@ -20,14 +22,36 @@ from envs.registry import make_env, make_vector_env, named_env
 from memory import MemoryTransformer
 from training.seeding import env_seeds
 
+# eval.policy: which policies an evaluation acts by (both: each on the same episodes' seeds)
+POLICIES = {"both": ("greedy", "sampled"), "greedy": ("greedy",), "sampled": ("sampled",)}
+
+
+def evaluate_policies(
+    agent: ActorCritic, env_cfg: DictConfig, eval_cfg: DictConfig, seed: int
+) -> dict[str, dict]:
+    """{policy: `evaluate_agent`'s outcome} for each policy of ``eval_cfg.policy``: the greedy
+    policy shows what the agent has decided, the sampled one what training measured."""
+    return {
+        policy: evaluate_agent(agent, env_cfg, eval_cfg, seed, greedy=policy == "greedy")
+        for policy in POLICIES[eval_cfg.policy]
+    }
+
 
 def evaluate_agent(
-    agent: ActorCritic, env_cfg: DictConfig, eval_cfg: DictConfig, seed: int
+    agent: ActorCritic, env_cfg: DictConfig, eval_cfg: DictConfig, seed: int, greedy: bool
 ) -> dict:
-    """The outcome of `eval_cfg.episodes` episodes: success or return, memory size and, for
-    memory transformers, the span probes; on the Corridor also success by length and case."""
+    """The outcome of `eval_cfg.episodes` episodes acting by the most likely action (``greedy``)
+    or by sampling: success or return, episode length, the share cut by the step limit
+    (`truncated`), memory size and, for memory transformers, the span probes; on MazeBase
+    games the share of steps whose most likely action is a move the game blocks
+    (`blocked_likely`: an argmax into a wall, which a greedy agent repeats until the step limit);
+    on the Corridor also `length_ratio`, the mean episode length over the mean corridor length
+    (an episode's shortest path: the corridor's cells to its east end, then the door), and
+    success by length and case."""
     agent.eval()
     vec_env = make_vector_env(env_cfg, eval_cfg.num_envs)
+    blocked_moves = getattr(getattr(vec_env.unwrapped, "core", None), "blocked_moves", None)
+    blocked_likely, acted = 0, 0
     corridor = env_cfg.name == "corridor"
     probe = None
     if isinstance(agent.core, MemoryTransformer):
@@ -52,8 +76,16 @@ def evaluate_agent(
     )
     while remaining.any():
         kept = remaining > 0
-        step = player.step(agent, eval_cfg.greedy, kept)
+        blocked = None if blocked_moves is None else blocked_moves()  # (B, actions), before
+        step = player.step(agent, greedy, kept)
         memory_sizes.append(float(step.out.memory_size))
+        if blocked is not None:
+            likely = step.action if greedy else sample(agent.policy(step.out.hidden), None)[0]
+            acting = step.counted & kept
+            blocked_likely += int(
+                blocked[np.arange(len(acting)), likely.cpu().numpy()][acting].sum()
+            )
+            acted += int(acting.sum())
         if probe is not None:  # the memories written at this step saw `step.obs`
             in_view = None
             if probe_word is not None:
@@ -70,7 +102,10 @@ def evaluate_agent(
         if key not in layout and not math.isnan(value)
     }
     result["memory_size"] = float(np.mean(memory_sizes))
+    if blocked_moves is not None:
+        result["blocked_likely"] = blocked_likely / max(acted, 1)
     if corridor:
+        result["length_ratio"] = result["episode_length"] / result["corridor_length"]
         result["success_by_length"] = success_by_length(
             finished["corridor_length"],
             finished["success"],

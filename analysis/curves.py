@@ -76,14 +76,18 @@ def first_reached(result: Holding) -> str:
 
 
 def evaluation_cells(run_dir: Path, metric: str, cfg: Any) -> tuple[str, str]:
-    """The run's final evaluation (RUN_DIR/eval.json), if it has one: its task metric with the
-    policy it acted by, and its memory size."""
+    """The run's final evaluation (RUN_DIR/eval.json), if it has one: its task metric by each
+    policy it acted by, and the memory size of the first. (Runs before the evaluation by both
+    policies wrote one outcome, the policy named by their config's eval.greedy.)"""
     path = run_dir / EVAL_FILE
     if not path.is_file():
         return "-", "-"
     result = json.loads(path.read_text())
-    policy = "greedy" if OmegaConf.select(cfg, "eval.greedy", default=True) else "sampled"
-    return f"{result[metric]:.2f} {policy}", f"{result['memory_size']:.1f}"
+    if metric in result:  # one policy's outcome
+        policy = "greedy" if OmegaConf.select(cfg, "eval.greedy", default=True) else "sampled"
+        result = {policy: result}
+    scores = ", ".join(f"{outcome[metric]:.2f} {policy}" for policy, outcome in result.items())
+    return scores, f"{next(iter(result.values()))['memory_size']:.1f}"
 
 
 def run_label(cfg: Any, keys: Sequence[str] = ()) -> str:

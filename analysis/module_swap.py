@@ -74,12 +74,12 @@ def main() -> None:
     env = make_env(cfg.env)
     agent = build_agent(cfg, env.observation_space, env.action_space)
     env.close()
-    eval_cfg = OmegaConf.merge(cfg.eval, {"episodes": args.episodes, "greedy": args.greedy})
+    eval_cfg = OmegaConf.merge(cfg.eval, {"episodes": args.episodes})
 
     def evaluate(name: str, parameters: Parameters) -> None:
         agent.load_state_dict(parameters)
         torch.manual_seed(args.seed)  # the same action samples for every evaluation
-        outcome = evaluate_agent(agent, cfg.env, eval_cfg, args.seed)
+        outcome = evaluate_agent(agent, cfg.env, eval_cfg, args.seed, args.greedy)
         outcome.pop("spans", None)
         print(json.dumps({"agent": name, **outcome}), flush=True)
 

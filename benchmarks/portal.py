@@ -94,7 +94,7 @@ def train_agent(name: str, seed: int, out: Path, steps: int) -> dict:
     )
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     last = [line for line in lines if "rooms_reached" in line][-LAST_INTERVALS:]
-    greedy = json.loads((run_dir / "eval.json").read_text())
+    greedy = json.loads((run_dir / "eval.json").read_text())["greedy"]
 
     def mean(key: str) -> float:
         return round(float(np.mean([line[key] for line in last])), 2)

@@ -206,6 +206,12 @@ class MazeBaseCore:
         truncated = (self.elapsed >= self.max_steps) & ~terminated
         return reward, terminated, truncated
 
+    def blocked_moves(self) -> np.ndarray:
+        """(num_envs, 4) bool: which actions of each game would not move its agent now (a block,
+        a cue, the map's edge), as `step` decides it."""
+        targets = self.position[:, None] + self.moves
+        return ~self.cell_kinds.enterable[self.flat_cells[targets]]
+
     def observe(self, env_ids: np.ndarray | None, out: np.ndarray) -> np.ndarray:
         """Write the observations of `env_ids` (all games if None) into `out`."""
         centres = self.position if env_ids is None else self.position[env_ids]

@@ -27,6 +27,7 @@ from agents.build import build_agent
 from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
 from agents.distributions import log_prob_and_entropy, policy_kl, sample, sampling_noise
 from agents.episodes import EpisodeStats
+from agents.evaluation import evaluate_policies
 from agents.losses import (
     PolicyAnchor,
     actor_critic_loss,
@@ -41,7 +42,7 @@ from agents.rollout import Unroll, collect_unroll
 from agents.update import ALL, Learner, make_optimizer, minibatches
 from analysis.module_swap import module_group, module_groups, swapped
 from analysis.span_drift import drift_split
-from envs.registry import make_vector_env
+from envs.registry import make_env, make_vector_env
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.expire_span import SpanPredictor
 from memory.store import EMPTY
@@ -898,3 +899,35 @@ def test_success_by_length_has_one_bin_per_length_when_bins_outnumber_lengths():
     ]
     halves = success_by_length([3, 4, 10], [1, 0, 1], low=3, high=10, bins=2)
     assert [row["lengths"] for row in halves] == ["3-6", "7-10"]
+
+
+@pytest.mark.parametrize("action", [0, 1])  # up: into the cue's cell; right: to the east wall
+def test_evaluation_counts_moves_into_walls_and_lengths_against_the_shortest_path(action):
+    """An agent that always prefers one move, by either policy: every episode is cut at the
+    step limit (20), and the share of steps whose most likely move is blocked is 1 for a move
+    into the cue beside the start, and for a move east all steps but the corridor's length - 1
+    it walks (the shortest path is the corridor's length)."""
+    env_cfg = OmegaConf.create(
+        {"name": "corridor", "id": "MazeBase/Corridor-v0", "min_length": 3, "max_length": 8}
+    )
+    env_cfg.max_steps = 20
+    eval_cfg = OmegaConf.create(
+        {"episodes": 12, "num_envs": 4, "policy": "both", "probe_word": "cue"}
+    )
+    eval_cfg.update(keep_marked=False, length_bins=2)
+    single = make_env(env_cfg)
+    core = MemoryTransformer(MemoryConfig(kind="expire_span", dim=16, num_heads=2, max_span=8))
+    agent = ActorCritic(single.observation_space, single.action_space, core, 16)
+    single.close()
+    with torch.no_grad():
+        agent.policy.weight.zero_()
+        agent.policy.bias.fill_(-50.0)[action] = 50.0
+    result = evaluate_policies(agent, env_cfg, eval_cfg, seed=0)
+    assert list(result) == ["greedy", "sampled"]
+    for outcome in result.values():
+        assert outcome["episodes"] == 12 and outcome["success"] == 0
+        assert outcome["truncated"] == 1 and outcome["episode_length"] == 20
+        length = outcome["corridor_length"]
+        assert outcome["length_ratio"] == pytest.approx(20 / length)
+        walked = 0 if action == 0 else length - 1
+        assert outcome["blocked_likely"] == pytest.approx(1 - walked / 20)

@@ -56,7 +56,9 @@ def test_portal_runs_each_seed_in_its_own_directory_and_sums_up_over_seeds(tmp_p
             for k, r in enumerate(rooms, 1)
         ]
         (run_dir / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-        (run_dir / "eval.json").write_text(json.dumps({"return": 3.0 + seed, "rooms_reached": 7.0}))
+        (run_dir / "eval.json").write_text(
+            json.dumps({"greedy": {"return": 3.0 + seed, "rooms_reached": 7.0}})
+        )
     (tmp_path / "expire_span" / "seed1" / "checkpoint.pt").touch()  # a stopped run continues
 
     runs = [portal.train_agent("expire_span", seed, tmp_path, 4000) for seed in (0, 1)]

@@ -99,7 +99,7 @@ def test_a_continuous_task_is_learned(tmp_path, seed):
     args += [f"seed={seed}", "eval.episodes=16", "eval.num_envs=4"]
     result = run(args, tmp_path / "run")
     assert result.returncode == 0, result.stderr
-    assert json.loads((tmp_path / "run" / "eval.json").read_text())["return"] > -0.1
+    assert json.loads((tmp_path / "run" / "eval.json").read_text())["greedy"]["return"] > -0.1
 
 
 def test_running_statistics_are_those_of_every_observation_seen():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 from functools import partial
 from pathlib import Path
@@ -665,3 +666,23 @@ def test_the_env_registry_matches_the_env_configs():
         assert entry.metric is None or entry.metric in (*entry.outcomes, "return")
         single.close()
         vector.close()
+
+
+@pytest.mark.parametrize("env_id", ["MazeBase/Corridor-v0", "MazeBase/Portal-v0"])
+def test_blocked_moves_are_the_actions_a_step_leaves_in_place(env_id):
+    """`blocked_moves` says, before a step, which actions would not move each agent: for
+    every game and action, a copy of the core stepped with it stays exactly where it was."""
+    vec = gym.make_vec(env_id, num_envs=6, vectorization_mode="vector_entry_point")
+    vec.reset(seed=3)
+    rng, seen = np.random.default_rng(0), []
+    for _ in range(40):
+        core = vec.unwrapped.core
+        blocked = core.blocked_moves()
+        for action in range(4):
+            trial = copy.deepcopy(core)
+            trial.step(np.full(6, action))
+            assert np.array_equal(trial.position == core.position, blocked[:, action])
+        seen.append(blocked)
+        vec.step(rng.integers(0, 4, 6))
+    vec.close()
+    assert np.stack(seen).any() and not np.stack(seen).all()

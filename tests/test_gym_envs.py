@@ -88,7 +88,7 @@ def test_a_gym_run_resumes_and_evaluates(tmp_path):
 
     result = run(["mode=eval", f"checkpoint={tmp_path / 'run'}", "eval.episodes=8"], tmp_path / "e")
     assert result.returncode == 0, result.stderr
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])["greedy"]
     assert outcome["episodes"] >= 8 and outcome["episode_length"] == 5
     assert 0 <= outcome["success"] <= 1
 

@@ -628,7 +628,9 @@ def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
         record.update({"span/l0_mean": 5.0, "span/l1_mean": 9.0})
     make_run(tmp_path / "a", rl_config("expire_span", 200, 0), held)
     make_run(tmp_path / "b", rl_config("transformer_xl", 50, 1), lost)
-    (tmp_path / "a" / "eval.json").write_text(json.dumps({"success": 0.987, "memory_size": 12.34}))
+    evaluation = {"greedy": {"success": 0.987, "memory_size": 12.34}, "sampled": {"success": 1.0}}
+    (tmp_path / "a" / "eval.json").write_text(json.dumps(evaluation))
+    (tmp_path / "b" / "eval.json").write_text(json.dumps({"success": 0.5, "memory_size": 4.0}))
     figure = tmp_path / "curves.png"
     assert (
         curves.main([str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(figure), "--markdown"])
@@ -636,8 +638,9 @@ def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
     )
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ")][1:]
     assert rows[0].split(" | ")[:4] == ["| Expire-Span", "0", "0.00M", "2k"]
-    assert rows[0].endswith("| 18.0 | yes | 0.99 greedy | 12.3 |")  # (its eval.json)
-    assert rows[1].startswith("| Transformer-XL L=50 | 1 |") and rows[1].endswith("| no | - | - |")
+    assert rows[0].endswith("| 18.0 | yes | 0.99 greedy, 1.00 sampled | 12.3 |")  # (eval.json)
+    assert rows[1].startswith("| Transformer-XL L=50 | 1 |")  # an eval.json of one policy:
+    assert rows[1].endswith("| no | 0.50 greedy | 4.0 |")  # the config's eval.greedy (unset)
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

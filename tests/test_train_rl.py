@@ -396,7 +396,8 @@ def test_eval_reports_success_and_records_an_episode(tmp_path):
         )
         assert result.returncode == 0, result.stderr
         outcome = json.loads(result.stdout.strip().splitlines()[-1])
-        assert outcome["episodes"] == 8 and 0.0 <= outcome["success"] <= 1.0
+        for policy in ("greedy", "sampled"):
+            assert outcome[policy]["episodes"] == 8 and 0.0 <= outcome[policy]["success"] <= 1.0
         assert record.stat().st_size > 0
     frames = trace.read_text().split("\n\n")
     assert len(frames) >= 2 and all("@" in frame for frame in frames)
@@ -422,7 +423,7 @@ def test_evaluation_and_refused_commands_write_no_directory(tmp_path):
 
     result = from_elsewhere("mode=eval", f"checkpoint={run_dir}", "eval.episodes=5")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1])["episodes"] == 5
+    assert json.loads(result.stdout.strip().splitlines()[-1])["sampled"]["episodes"] == 5
     unwritable = run_dir / "config.yaml" / "episode.gif"  # (under a file)
     for refused in (
         ["num_envs=0"],
@@ -460,9 +461,12 @@ def test_best_checkpoint_and_eval_probes(tmp_path):
         "step": first_best["step"],
     }
     assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["best"] == best["best"]
-    finished = json.loads((run_dir / "eval.json").read_text())  # eval.after_training
-    assert finished["episodes"] >= 100 and 0 <= finished["success"] <= 1
-    assert sum(row["episodes"] for row in finished["success_by_case"]) == finished["episodes"]
+    evaluation = json.loads((run_dir / "eval.json").read_text())  # eval.after_training
+    assert list(evaluation) == ["greedy", "sampled"]
+    for finished in evaluation.values():
+        assert finished["episodes"] >= 100 and 0 <= finished["success"] <= 1
+        assert sum(row["episodes"] for row in finished["success_by_case"]) == finished["episodes"]
+        assert 0 <= finished["blocked_likely"] <= 1 and finished["length_ratio"] >= 1
     assert (run_dir / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     args = [
@@ -470,10 +474,11 @@ def test_best_checkpoint_and_eval_probes(tmp_path):
         f"checkpoint={run_dir / 'best.pt'}",
         "eval.episodes=40",
         "eval.length_bins=3",
+        "eval.policy=greedy",
     ]
     result = run(args, tmp_path / "eval")
     assert result.returncode == 0, result.stderr
-    outcome = json.loads(result.stdout.strip().splitlines()[-1])
+    outcome = json.loads(result.stdout.strip().splitlines()[-1])["greedy"]
     bins = outcome["success_by_length"]
     assert [row["lengths"] for row in bins] == ["3-4", "5-7", "8-9"]
     assert sum(row["episodes"] for row in bins) == outcome["episodes"]
@@ -503,7 +508,7 @@ def test_best_checkpoint_and_eval_probes(tmp_path):
 
     result = run([*args, "eval.keep_marked=true"], tmp_path / "eval_kept")
     assert result.returncode == 0, result.stderr
-    kept = json.loads(result.stdout.strip().splitlines()[-1])
+    kept = json.loads(result.stdout.strip().splitlines()[-1])["greedy"]
     assert kept["spans"]["marked_kept"] and not outcome["spans"]["marked_kept"]
 
 
@@ -607,10 +612,11 @@ def test_training_evaluation_and_recording_seed_their_envs_apart(tmp_path, monke
     assert seeds == [
         env_seeds(3, 0, cfg.num_envs, "train"),
         env_seeds(3, 0, cfg.eval.num_envs, "eval"),
+        env_seeds(3, 0, cfg.eval.num_envs, "eval"),
         env_seeds(3, 0, 1, "record"),
     ]
     trained = {s for rank in range(8) for s in env_seeds(3, rank, 1024, "train")}
-    assert not set(seeds[1] + seeds[2]) & trained
+    assert not set(seeds[1] + seeds[3]) & trained
 
 
 def test_a_resume_whose_envs_saved_no_state_plays_new_streams(tmp_path, monkeypatch):
