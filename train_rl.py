@@ -325,15 +325,18 @@ def keep_best(
 ) -> None:
     """At a new best interval (of the task metric), keeps its model beside the last one
     (RUN_DIR/best.pt; the same on every rank: the metrics are averaged over ranks), and the
-    KL anchor at it."""
+    KL anchor at it; with agent.anchor_follows, the anchor at every interval that holds."""
     best = progress.best
     metric = best["metric"] if best else task_metric(cfg.env.name, [metrics])
     value = metrics[metric]
-    if math.isnan(value) or (best is not None and value <= best["value"]):
+    if math.isnan(value):
+        return
+    new_best = best is None or value > best["value"]
+    if learner.anchor is not None and (new_best or cfg.agent.anchor_follows):
+        learner.anchor.keep(learner.agent, value, player.state)
+    if not new_best:
         return
     progress.best = {"metric": metric, "value": value, "step": progress.step}
-    if learner.anchor is not None:
-        learner.anchor.keep(learner.agent, value, player.state)
     if dist.is_main:
         model = {"agent": learner.agent.state_dict(), "step": progress.step}
         model.update(best=progress.best, config=OmegaConf.to_container(cfg, resolve=True))

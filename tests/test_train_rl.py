@@ -190,6 +190,24 @@ def test_a_resume_may_change_the_learner_and_records_the_change(tmp_path):
     assert "changes at this step: agent.lr=0.0002 (was 0.001)" in result.stdout
 
 
+@pytest.mark.parametrize("follows", [False, True])
+def test_the_anchor_is_the_best_intervals_agent_or_follows_every_one_that_holds(tmp_path, follows):
+    """With every interval holding (anchor_from=0), a following anchor is the agent of the last
+    interval, the one the run ends with; the default one stays at the best interval's agent."""
+    run_dir = tmp_path / "run"
+    args = [*TINY_RL, "agent.anchor_from=0", f"agent.anchor_follows={follows}"]
+    result = run(
+        [*args, f"total_steps={6 * STEPS_PER_UPDATE}", "eval.after_training=false"], run_dir
+    )
+    assert result.returncode == 0, result.stderr
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    best = torch.load(run_dir / "best.pt", weights_only=True)
+    same = [torch.equal(saved["anchor"][k], saved["agent"][k]) for k in saved["agent"]]
+    kept_best = [torch.equal(saved["anchor"][k], best["agent"][k]) for k in best["agent"]]
+    assert best["best"]["step"] < 6 * STEPS_PER_UPDATE  # (the last interval is not the best)
+    assert all(same) == follows and all(kept_best) != follows
+
+
 # Each env with its defaults, and the state only some settings carry. (POPGym's and other
 # Gymnasium envs have no state_dict: a resume restarts them from their seeds, as the README says.)
 RESUME_SETTINGS = {

@@ -58,6 +58,7 @@ CHANGEABLE = {
         "agent.max_grad_norm",
         "agent.entropy_coef",
         "agent.anchor_coef",
+        "agent.anchor_follows",
     ),
     "lm": ("lr", "grad_clip"),
 }
