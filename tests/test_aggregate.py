@@ -7,7 +7,6 @@ import math
 
 import numpy as np
 import pytest
-from scipy import stats
 from test_plot import make_run, rl_config
 
 from analysis.aggregate import (
@@ -28,6 +27,7 @@ from analysis.aggregate import (
 from analysis.plot import main
 
 pytest.importorskip("rliable", reason='the stats extra: pip install -e ".[stats]"')
+stats = pytest.importorskip("scipy.stats", reason='the stats extra: pip install -e ".[stats]"')
 REPS = 300
 
 
