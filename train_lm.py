@@ -90,12 +90,13 @@ from training import (
     thread_count,
     use_host,
 )
+from training.divergence import DivergenceGuard, check_nonfinite_config, resume_remedy
 from training.entry import checked_command_line, train_or_evaluate
 from training.schedule import lr_fraction
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
 VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token
-INTERVAL_KEYS = ("loss_sum", "scored", "aux_loss", "memory_size", "grad_norm", "steps")
+INTERVAL_KEYS = ("loss_sum", "scored", "aux_loss", "memory_size", "grad_norm", "steps", "skipped")
 CONFIGS = Path(__file__).parent / "configs"
 PRECISIONS = ("fp32", "bf16")  # bf16: the training step autocast to bfloat16, on CUDA
 OPEN_KEYS = ("memory.options",)  # a memory kind's own options: `+KEY=VALUE` may add to them
@@ -141,6 +142,7 @@ def check_config(cfg: DictConfig) -> None:
     if cfg.grad_clip is not None:
         check_positive("grad_clip", cfg.grad_clip)
     check_wandb_config(cfg.wandb)
+    check_nonfinite_config(cfg)
     if cfg.mode == "eval" and cfg.checkpoint is None:
         raise ConfigError("mode=eval needs checkpoint=PATH (a checkpoint file or a run directory)")
     init_from = cfg.get("init_from")
@@ -360,6 +362,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         progress = LMProgress()
         if checkpoint is not None:
             progress = restore(checkpoint, dist, model, optimizer)
+        remedy = resume_remedy("train_lm.py", run_dir, cfg, checkpoint, "lr=... grad_clip=...")
+        guard = DivergenceGuard(cfg, model, optimizer, dist, run_dir, remedy)
         logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
         bar = resources.enter_context(
             progress_bar(cfg.total_steps, initial=progress.step, enabled=dist.is_main)
@@ -369,7 +373,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
 
         model.train()
         for step in range(progress.step, cfg.total_steps):
-            out = train_step(cfg, model, ddp_model, optimizer, train_rows, progress, dist)
+            out = train_step(cfg, model, ddp_model, optimizer, train_rows, progress, dist, guard)
             progress.step = done = step + 1
             bar.update(1)
             last = done == cfg.total_steps
@@ -426,7 +430,8 @@ def restore(
     optimizer.load_state_dict(checkpoint["optimizer"])
     restore_rng_state(checkpoint["rng"][dist.rank])
     state = model.core.load_state(checkpoint["memory_state"][dist.rank], dist.device)
-    return LMProgress(checkpoint["step"], state, checkpoint["interval"][dist.rank])
+    interval = {**dict.fromkeys(INTERVAL_KEYS, 0.0), **checkpoint["interval"][dist.rank]}
+    return LMProgress(checkpoint["step"], state, interval)
 
 
 def train_step(
@@ -437,11 +442,13 @@ def train_step(
     rows: Split,
     progress: LMProgress,
     dist: DistInfo,
+    guard: DivergenceGuard | None = None,
 ) -> CoreOutput:
     """One update on block `progress.step` mod (row length // K) of every row, the memory
     carried from the block before (detached); adds to the interval sums. `ddp_model` is
     `model`, or its DistributedDataParallel wrapper under torchrun, compiled with
-    ``compile_step``."""
+    ``compile_step``. ``guard`` judges the update (None: unjudged); a skipped one adds only
+    to the count of skipped updates."""
     started = time.perf_counter()
     K = cfg.memory.block_len
     position = progress.step % (rows.inputs.shape[1] // K)
@@ -468,15 +475,21 @@ def train_step(
     grad_norm = torch.nn.utils.clip_grad_norm_(
         model.parameters(), cfg.grad_clip if cfg.grad_clip else math.inf
     )
+    if guard is not None:
+        guard.begin()
     optimizer.step()
-    for key, value in (
-        ("loss_sum", loss_sum.item()),
-        ("scored", scored),
-        ("aux_loss", float(out.aux_loss.detach())),
-        ("memory_size", float(out.memory_size)),
-        ("grad_norm", grad_norm.item()),
-        ("steps", 1),
-    ):
+    values = {
+        "loss_sum": loss_sum.item(),
+        "scored": scored,
+        "aux_loss": float(out.aux_loss.detach()),
+        "memory_size": float(out.memory_size),
+        "grad_norm": grad_norm.item(),
+        "steps": 1,
+    }
+    losses = {"train_loss": values["loss_sum"], "aux_loss": values["aux_loss"]}
+    if guard is not None and guard.end(losses, progress.step + 1, progress.step + 1):
+        values = {"skipped": 1}  # (undone: its values are not the model's)
+    for key, value in values.items():
         progress.interval[key] += value
     progress.seconds += time.perf_counter() - started
     progress.timed_steps += 1
@@ -495,7 +508,7 @@ def interval_metrics(
     with the spans of the last block's new memories; starts the next interval."""
     K = cfg.memory.block_len
     means = all_reduce_mean(progress.interval, dist)
-    steps = progress.interval["steps"]
+    steps = progress.interval["steps"] or math.nan  # (none: every update was skipped)
     record = {
         "train_loss": means["loss_sum"] / means["scored"] if means["scored"] else math.nan,
         "aux_loss": means["aux_loss"] / steps,
@@ -507,6 +520,8 @@ def interval_metrics(
     }
     if metric == "bpb":
         record["train_bpb"] = record["train_loss"] / math.log(2)
+    if cfg.nonfinite == "skip":
+        record["skipped_updates"] = int(means["skipped"])
     last_block = SpanStats()  # the spans of this block's new memories, per layer
     last_block.add(out.spans)
     record.update(all_reduce_mean(last_block.summary(), dist))

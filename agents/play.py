@@ -17,9 +17,54 @@ from agents.encoders import map_observation
 from agents.episodes import EpisodeStats, episode_info
 from envs.vector import MazeBaseVectorEnv
 from memory import CoreOutput
-from training.config import ConfigError
+from training.config import ConfigError, RunError
 
 PER_ENV_SEEDS = (gym.vector.SyncVectorEnv, gym.vector.AsyncVectorEnv, MazeBaseVectorEnv)
+
+
+class NonFiniteEnvOutput(RunError):
+    """An environment returned an observation or a reward that is not finite: nothing can be
+    learnt from it, and it would reach the losses as NaN."""
+
+    kind = "Environment error"
+
+    def __init__(self, message: str, env: int, played: int) -> None:
+        super().__init__(message)
+        self.env, self.played = env, played  # which environment; its vector step, from 1
+
+    def at_step(self, env_id: str, step: int) -> NonFiniteEnvOutput:
+        """This error naming the env's id and the run's step, which the player cannot know."""
+        return NonFiniteEnvOutput(f"env.id={env_id}: {self} at step {step}", self.env, self.played)
+
+
+def refuse_nonfinite(obs: Any, reward: np.ndarray, info: dict, played: int) -> None:
+    """Raises NonFiniteEnvOutput at the first environment whose reward, or a float part of
+    whose observation or final observation (an episode's last, which autoreset puts in
+    ``info``), is not finite (``played``: the vector step that returned them)."""
+    every = np.arange(len(reward))
+    batches = [("reward", every, np.asarray(reward))]
+    batches += [("observation", every, part) for part in observation_parts(obs)]
+    ended = np.flatnonzero(info.get("_final_obs", ()))
+    for env in ended:
+        final = observation_parts(info["final_obs"][env])
+        batches += [("final observation", [env], part[None]) for part in final]
+    for quantity, envs, values in batches:
+        if values.dtype.kind != "f":
+            continue
+        finite = np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+        if not finite.all():
+            first = int(np.argmin(finite))
+            row, env = np.asarray(values[first]), int(envs[first])
+            value = row[~np.isfinite(row)].flat[0]
+            message = f"environment {env} returned a non-finite {quantity} ({value})"
+            raise NonFiniteEnvOutput(message, env, played)
+
+
+def observation_parts(obs: Any) -> list[np.ndarray]:
+    """The arrays of an observation (a Tuple's or Dict's parts)."""
+    parts = []
+    map_observation(lambda part: parts.append(np.asarray(part)), obs)
+    return parts
 
 
 def to_device(obs: Any, device: torch.device | str) -> Any:
@@ -76,6 +121,7 @@ class Player:
         self.state = agent.initial_state(num_envs, self.device)
         self.episode_start = torch.ones(num_envs, dtype=torch.bool, device=self.device)
         self.resetting = np.zeros(num_envs, dtype=bool)  # next-step envs: a reset step now
+        self.played = 0  # vector steps played
         no_action = create_empty_array(vec_env.single_action_space, num_envs)
         self.previous: Previous = (  # (what an episode's first step sees: nothing)
             torch.as_tensor(no_action, device=self.device),
@@ -97,6 +143,8 @@ class Player:
             self.obs, self.state, self.episode_start, self.previous, greedy
         )
         next_obs, reward, terminated, truncated, info = self.vec_env.step(self.env_action(action))
+        self.played += 1
+        refuse_nonfinite(next_obs, reward, info, self.played)
         ended = terminated | truncated
         counted = ~self.resetting
         final_info = episode_info(info, self.next_step)

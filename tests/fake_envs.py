@@ -164,3 +164,34 @@ class TargetEnv(gym.Env):
 
 
 gym.register(id="Target-v0", entry_point=TargetEnv, vector_entry_point=TargetVectorEnv)
+
+
+class SpikeEnv(gym.Env):
+    """Episodes of ``length`` steps that pay 1 for action 0, but return ``spike`` (a huge or a
+    non-finite value) as the reward, or in the observation (``spiked="observation"``), at the
+    ``at``-th step since the env was made: 1e30 makes a learner's value loss overflow at that
+    step's update, NaN is an env's fault."""
+
+    observation_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = spaces.Discrete(2)
+
+    def __init__(self, at: int = 25, spike: float = 1e30, spiked: str = "reward", length: int = 5):
+        self.at, self.spike, self.spiked, self.length = at, spike, spiked, length
+        self.made_steps = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t, self.made_steps = self.t + 1, self.made_steps + 1
+        obs, reward = np.zeros(2, np.float32), float(action == 0)
+        if self.made_steps == self.at and self.spiked == "observation":
+            obs[1] = self.spike
+        elif self.made_steps == self.at:
+            reward = self.spike
+        return obs, reward, self.t == self.length, False, {}
+
+
+gym.register(id="Spike-v0", entry_point=SpikeEnv)

@@ -31,6 +31,7 @@ class RunError(Exception):
     starting with its `kind`."""
 
     kind = "Error"
+    exit_code = CONFIG_ERROR_EXIT_CODE
 
 
 class ConfigError(RunError):
@@ -152,7 +153,7 @@ def _describe_range(low: float | None, high: float | None, low_open: bool, high_
 
 def exit_on_config_error(main: F) -> F:
     """Decorate an entry point so a ConfigError (any RunError) prints one line to stderr and
-    exits with code 2.
+    exits with its code (2; 3 for a divergence, `training.divergence`).
 
     Put it under `@hydra.main` and validate the config first thing in `main`, so a bad value
     stops the run before any work is done. Under `-m` the sweep stops at the first bad job.
@@ -167,6 +168,6 @@ def exit_on_config_error(main: F) -> F:
 
             discard_unused_run_dir()
             print(f"{error.kind}: {error}", file=sys.stderr)
-            sys.exit(CONFIG_ERROR_EXIT_CODE)
+            sys.exit(error.exit_code)
 
     return wrapper  # type: ignore[return-value]

@@ -157,12 +157,13 @@ class SpanStats:
 
 class UpdateMeans:
     """What the updates of a logging interval report, as means over them (the largest for the
-    keys of ``maxima``), and the interval's environment steps per second (``sps``)."""
+    keys of ``maxima``), and the interval's environment steps per second (``sps``); with
+    ``count_skipped``, also how many of its updates were undone (``skipped_updates``)."""
 
-    def __init__(self, maxima: Sequence[str] = ()) -> None:
-        self.maxima = tuple(maxima)
+    def __init__(self, maxima: Sequence[str] = (), count_skipped: bool = False) -> None:
+        self.maxima, self.count_skipped = tuple(maxima), count_skipped
         self._sums: dict[str, float] = {}
-        self._count = self._steps = 0
+        self._count = self._steps = self._skipped = 0
         self._started = time.perf_counter()
 
     def add(self, values: Mapping[str, float], steps: int) -> None:
@@ -172,23 +173,41 @@ class UpdateMeans:
             self._sums[key] = combine(self._sums[key], value) if key in self._sums else value
         self._count, self._steps = self._count + 1, self._steps + steps
 
+    def skip(self, values: Mapping[str, float], steps: int) -> None:
+        """An update that was undone (`nonfinite=skip`): its steps count, its ``values`` do
+        not, but their keys are kept (NaN in an interval whose updates were all skipped)."""
+        for key in values:
+            self._sums.setdefault(key, 0.0)
+        self._skipped, self._steps = self._skipped + 1, self._steps + steps
+
     def summary(self) -> dict[str, float]:
         """The means since the last summary and ``sps``, then forget them."""
-        metrics = {
-            key: value if key in self.maxima else value / self._count
-            for key, value in self._sums.items()
-        }
+        if self._count:
+            metrics = {
+                key: value if key in self.maxima else value / self._count
+                for key, value in self._sums.items()
+            }
+        else:  # every update of the interval was skipped
+            metrics = dict.fromkeys(self._sums, math.nan)
         metrics["sps"] = self._steps / (time.perf_counter() - self._started)
-        self._sums, self._count, self._steps = {}, 0, 0
+        if self.count_skipped:
+            metrics["skipped_updates"] = self._skipped
+        self._sums, self._count, self._steps, self._skipped = {}, 0, 0, 0
         self._started = time.perf_counter()
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
         """The interval's sums so far (to resume a run within an interval)."""
-        return {"sums": dict(self._sums), "count": self._count, "steps": self._steps}
+        return {
+            "sums": dict(self._sums),
+            "count": self._count,
+            "steps": self._steps,
+            "skipped": self._skipped,
+        }
 
     def load_state_dict(self, saved: Mapping[str, Any]) -> None:
         self._sums, self._count, self._steps = dict(saved["sums"]), saved["count"], saved["steps"]
+        self._skipped = saved.get("skipped", 0)  # (checkpoints from before skipping had none)
 
 
 def start_logging(
