@@ -34,7 +34,7 @@ from agents.encoders import NORMALISE
 from agents.episodes import EpisodeStats
 from agents.evaluation import POLICIES, evaluate_policies, record_episode
 from agents.losses import ADVANTAGE_SCALES
-from agents.play import Player
+from agents.play import NonFiniteEnvOutput, Player
 from agents.rollout import Unroll, collect_unroll
 from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
 from analysis.curves import plot_curves, rl_panels, run_label
@@ -78,6 +78,7 @@ from training import (
     thread_count,
     use_host,
 )
+from training.divergence import DivergenceGuard, check_nonfinite_config, resume_remedy
 from training.entry import checked_command_line, train_or_evaluate
 from training.extras import EXTRAS, require
 from training.schedule import LR_SCHEDULES
@@ -105,6 +106,7 @@ def check_config(cfg: DictConfig) -> None:
     check_whole("checkpoint_keep", cfg.checkpoint_keep)
     check_whole("seed", cfg.seed)  # (env_seeds draws from NumPy's SeedSequence of it)
     check_wandb_config(cfg.wandb)
+    check_nonfinite_config(cfg)
     check_learner(cfg)
     single = checked_env(cfg.env)
     check_choice("memory", cfg.memory.kind, (*kind_names(), *BASELINE_KINDS))
@@ -219,10 +221,15 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
         player.reset(env_seeds(cfg.seed, dist.rank, cfg.num_envs, "train", stream_step(checkpoint)))
         unroll = Unroll(player, cfg.unroll_len)
-        span_stats, interval = SpanStats(), UpdateMeans(maxima=[BEHAVIOUR_RATIO_ERROR])
+        span_stats = SpanStats()
+        skipping = cfg.nonfinite == "skip"
+        interval = UpdateMeans(maxima=[BEHAVIOUR_RATIO_ERROR], count_skipped=skipping)
         progress = RunProgress()
         if checkpoint is not None:
             progress = restore(checkpoint, dist.rank, learner, player, span_stats, interval)
+        player.played = progress.update * cfg.unroll_len  # (an unroll plays unroll_len steps)
+        remedy = resume_remedy("train_rl.py", run_dir, cfg, checkpoint, "agent.lr=...")
+        guard = DivergenceGuard(cfg, agent, learner.optimizer, dist, run_dir, remedy)
         if learner.anchored and learner.anchor.state is None:
             learner.anchor.state = learner.anchor.model.core.refresh(player.state)
         logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
@@ -235,10 +242,19 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         )
 
         for update in range(progress.update, num_updates):
-            collect_unroll(agent, player, unroll, span_stats, bootstrap_truncated)
+            try:
+                collect_unroll(agent, player, unroll, span_stats, bootstrap_truncated)
+            except NonFiniteEnvOutput as error:
+                step = error.played * cfg.num_envs * dist.world_size
+                raise error.at_step(cfg.env.id, step) from None
+            guard.begin()
             means = learner.update(unroll, update)
-            interval.add({"memory_size": unroll.memory_size, **means}, steps_per_update)
             progress.update, progress.step = update + 1, (update + 1) * steps_per_update
+            means["memory_size"] = unroll.memory_size
+            if guard.end(means, progress.update, progress.step):  # skipped: undone
+                interval.skip(means, steps_per_update)
+            else:
+                interval.add(means, steps_per_update)
             bar.update(steps_per_update)
             last = update + 1 == num_updates
             if progress.update % cfg.log_interval == 0 or last:

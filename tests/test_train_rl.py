@@ -611,9 +611,9 @@ def test_logged_losses_are_means_over_every_minibatch_of_the_interval(tmp_path, 
 
 
 def test_training_evaluation_and_recording_seed_their_envs_apart(tmp_path, monkeypatch):
-    """Each first reset takes `env_seeds(seed, rank, n, purpose)`: training's, evaluation's and
-    a recorded episode's streams, none of which another purpose or rank (of up to 8 ranks of
-    1024 envs here) draws."""
+    """Each first reset takes `env_seeds(seed, rank, n, purpose)`: training's, evaluation's (the
+    same layouts for the greedy and the sampled policy) and a recorded episode's streams, none
+    of which another purpose or rank (of up to 8 ranks of 1024 envs here) draws."""
     train_rl = load_script("train_rl")
     monkeypatch.chdir(tmp_path)
     seeds, reset = [], agents.play.Player.reset
