@@ -11,6 +11,7 @@ from pathlib import Path
 import gymnasium as gym
 import imageio
 import numpy as np
+import torch
 from omegaconf import DictConfig
 
 from agents.actor_critic import ActorCritic
@@ -30,11 +31,16 @@ def evaluate_policies(
     agent: ActorCritic, env_cfg: DictConfig, eval_cfg: DictConfig, seed: int
 ) -> dict[str, dict]:
     """{policy: `evaluate_agent`'s outcome} for each policy of ``eval_cfg.policy``: the greedy
-    policy shows what the agent has decided, the sampled one what training measured."""
-    return {
-        policy: evaluate_agent(agent, env_cfg, eval_cfg, seed, greedy=policy == "greedy")
-        for policy in POLICIES[eval_cfg.policy]
-    }
+    policy shows what the agent has decided, the sampled one what training measured. The
+    sampled actions come from torch's generator seeded with ``seed`` (the caller's own stream
+    left as it was), so an evaluation of one agent and seed gives the same outcome every time."""
+    device = next(agent.parameters()).device
+    outcomes = {}
+    for policy in POLICIES[eval_cfg.policy]:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            torch.manual_seed(seed)
+            outcomes[policy] = evaluate_agent(agent, env_cfg, eval_cfg, seed, policy == "greedy")
+    return outcomes
 
 
 def evaluate_agent(
