@@ -18,6 +18,7 @@ from envs.vector import MazeBaseVectorEnv
 CUE_ROW, CORRIDOR_ROW, SOUTH_DOOR_ROW = 1, 2, 3
 NORTH_DOOR_ROW = CUE_ROW
 START_COL = 1
+PLACES = ("start", "corridor", "end")  # `CorridorCore.places`: where in the corridor an agent is
 
 
 class CorridorCore(MazeBaseCore):
@@ -78,6 +79,14 @@ class CorridorCore(MazeBaseCore):
         self.good_door_north[env_ids] = good_north
         row_stride = self.cells.shape[-1]
         self.position[env_ids] = self.env_start[env_ids] + CORRIDOR_ROW * row_stride + START_COL
+
+    def places(self) -> np.ndarray:
+        """Where each agent stands: PLACES' index of the start cell beside the cue, a cell of
+        the corridor between, or its east end before the doors (a corridor of length 2 has no
+        cell between)."""
+        column = (self.position - self.env_start) % self.cells.shape[-1]
+        east_end = START_COL + self.length - 1
+        return np.where(column == START_COL, 0, np.where(column == east_end, 2, 1))
 
     def _enter(self, code: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         return self.cell_kinds.is_good_door[code].astype(np.float64), self.cell_kinds.is_door[code]

@@ -40,6 +40,7 @@ from agents.probes import keep_new_memories, success_by_case, success_by_length
 from agents.recurrent import GRULayers, RecurrentState
 from agents.rollout import Unroll, collect_unroll
 from agents.update import ALL, Learner, make_optimizer, minibatches
+from analysis.hesitation import hesitation
 from analysis.module_swap import module_group, module_groups, swapped
 from analysis.span_drift import drift_split
 from envs.registry import make_env, make_vector_env
@@ -901,20 +902,12 @@ def test_success_by_length_has_one_bin_per_length_when_bins_outnumber_lengths():
     assert [row["lengths"] for row in halves] == ["3-6", "7-10"]
 
 
-@pytest.mark.parametrize("action", [0, 1])  # up: into the cue's cell; right: to the east wall
-def test_evaluation_counts_moves_into_walls_and_lengths_against_the_shortest_path(action):
-    """An agent that always prefers one move, by either policy: every episode is cut at the
-    step limit (20), and the share of steps whose most likely move is blocked is 1 for a move
-    into the cue beside the start, and for a move east all steps but the corridor's length - 1
-    it walks (the shortest path is the corridor's length)."""
-    env_cfg = OmegaConf.create(
-        {"name": "corridor", "id": "MazeBase/Corridor-v0", "min_length": 3, "max_length": 8}
-    )
-    env_cfg.max_steps = 20
-    eval_cfg = OmegaConf.create(
-        {"episodes": 12, "num_envs": 4, "policy": "both", "probe_word": "cue"}
-    )
-    eval_cfg.update(keep_marked=False, length_bins=2)
+CORRIDOR = {"name": "corridor", "id": "MazeBase/Corridor-v0", "min_length": 3, "max_length": 8}
+
+
+def decided_agent(env_cfg, action: int) -> ActorCritic:
+    """An Expire-Span agent whose policy puts all but e^-100 of its probability on ``action``,
+    whatever it sees."""
     single = make_env(env_cfg)
     core = MemoryTransformer(MemoryConfig(kind="expire_span", dim=16, num_heads=2, max_span=8))
     agent = ActorCritic(single.observation_space, single.action_space, core, 16)
@@ -922,7 +915,21 @@ def test_evaluation_counts_moves_into_walls_and_lengths_against_the_shortest_pat
     with torch.no_grad():
         agent.policy.weight.zero_()
         agent.policy.bias.fill_(-50.0)[action] = 50.0
-    result = evaluate_policies(agent, env_cfg, eval_cfg, seed=0)
+    return agent
+
+
+@pytest.mark.parametrize("action", [0, 1])  # up: into the cue's cell; right: to the east wall
+def test_evaluation_counts_moves_into_walls_and_lengths_against_the_shortest_path(action):
+    """An agent that always prefers one move, by either policy: every episode is cut at the
+    step limit (20), and the share of steps whose most likely move is blocked is 1 for a move
+    into the cue beside the start, and for a move east all steps but the corridor's length - 1
+    it walks (the shortest path is the corridor's length)."""
+    env_cfg = OmegaConf.create({**CORRIDOR, "max_steps": 20})
+    eval_cfg = OmegaConf.create(
+        {"episodes": 12, "num_envs": 4, "policy": "both", "probe_word": "cue"}
+    )
+    eval_cfg.update(keep_marked=False, length_bins=2)
+    result = evaluate_policies(decided_agent(env_cfg, action), env_cfg, eval_cfg, seed=0)
     assert list(result) == ["greedy", "sampled"]
     for outcome in result.values():
         assert outcome["episodes"] == 12 and outcome["success"] == 0
@@ -931,3 +938,24 @@ def test_evaluation_counts_moves_into_walls_and_lengths_against_the_shortest_pat
         assert outcome["length_ratio"] == pytest.approx(20 / length)
         walked = 0 if action == 0 else length - 1
         assert outcome["blocked_likely"] == pytest.approx(1 - walked / 20)
+
+
+def test_hesitation_places_each_step_and_counts_the_steps_spent_there():
+    """An agent that always moves east: one step at the start, one at each cell between
+    (dwell 0), then it waits at the east end until the step limit (20), its most likely move
+    blocked there and nowhere else; its probabilities are those of the decided policy."""
+    env_cfg = OmegaConf.create({**CORRIDOR, "max_steps": 20})
+    rows = hesitation(decided_agent(env_cfg, 1), env_cfg, episodes=8, greedy=False, seed=0)
+    by_place = {}
+    for row in rows:
+        by_place.setdefault(row["place"], []).append(row)
+        assert row["right"] == pytest.approx(1.0)
+        assert row["blocked_likely"] == (1.0 if row["place"] == "end" else 0.0)
+    assert [row["dwell"] for row in by_place["start"]] == ["0"]
+    assert [row["dwell"] for row in by_place["corridor"]] == ["0"]
+    first = by_place["start"][0]["steps"]  # (episodes begun: each starts at the start cell)
+    assert first >= 8 and by_place["corridor"][0]["steps"] >= first  # lengths 3..8: 1+ between
+    ends = [row for row in by_place["end"] if row["dwell"] == "5+"]
+    assert {row["case"].split(",")[0] for row in ends} <= {"red cue", "blue cue"}
+    waited = sum(row["steps"] for row in by_place["end"])  # 20 - (length - 1) per episode
+    assert waited > sum(row["steps"] for row in by_place["corridor"])
