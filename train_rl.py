@@ -228,7 +228,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         if checkpoint is not None:
             progress = restore(checkpoint, dist.rank, learner, player, span_stats, interval)
         player.played = progress.update * cfg.unroll_len  # (an unroll plays unroll_len steps)
-        remedy = resume_remedy("train_rl.py", run_dir, cfg, checkpoint, "agent.lr=...")
+        lower = "agent.lr=... agent.max_grad_norm=..."
+        remedy = resume_remedy("train_rl.py", run_dir, cfg, checkpoint, lower)
         guard = DivergenceGuard(cfg, agent, learner.optimizer, dist, run_dir, remedy)
         if learner.anchored and learner.anchor.state is None:
             learner.anchor.state = learner.anchor.model.core.refresh(player.state)

@@ -250,7 +250,7 @@ def steps_logged(run_dir: Path) -> list[int]:
 def resume_as_told(line: str, run_dir: Path, script: str, rates: dict[str, str]):
     """Runs the command the line of a stopped run says to resume with (in ``run_dir``, a
     copy of the run), each `KEY=...` given the value ``rates`` has for it."""
-    words = shlex.split(line.split("with a lower rate: ", 1)[1])
+    words = shlex.split(line.split("with a lower rate or a tighter clip: ", 1)[1])
     assert words[:2] == ["python", script] and all(f"{key}=..." in words for key in rates)
     given = [f"{key}={rates[key]}" for key in rates]
     args = [word for word in words[2:] if not word.endswith("=...")]

@@ -57,7 +57,7 @@ def resume_remedy(
     if checkpoint is not None and checkpoint["config"]["total_steps"] != cfg.total_steps:
         budget = f" total_steps={cfg.total_steps}"
     command = f"python {script} hydra.run.dir={run_dir} resume=true{budget} {rates}"
-    return f"resume from the last checkpoint with a lower rate: {command}"
+    return f"resume from the last checkpoint with a lower rate or a tighter clip: {command}"
 
 
 def all_finite(tensors: list[torch.Tensor]) -> torch.Tensor:

@@ -47,6 +47,8 @@ RESUMABLE = (
     "device",
     "torch_threads",
     "wandb",
+    "nonfinite",  # (a run stopped by a divergence may continue skipping such updates instead)
+    "nonfinite_skips",
 )
 # Learner settings a resume may also change, per trainer config: what to lower or clip after a
 # run diverged, and what a study continues a held run under. Each change is recorded in the
