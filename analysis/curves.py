@@ -27,8 +27,9 @@ from typing import Any
 from matplotlib.figure import Figure
 from omegaconf import OmegaConf
 
-from analysis.plot import KIND_STYLES, PlotError, _series, find_run_dirs
+from analysis.results import PlotError, find_run_dirs, logged_values
 from analysis.runs import RL, require_run_kind, saved_config
+from analysis.settings import KIND_STYLES
 from envs.registry import task_metric
 from training import CONFIG_FILE, EVAL_FILE, METRICS_FILE, atomic_open, read_metrics
 
@@ -153,7 +154,7 @@ def plot_curves(
                 marker = "." if len(steps) < 30 else None
                 axes.plot(
                     steps,
-                    _series(records, key),
+                    logged_values(records, key),
                     color=colours[label],
                     ls=style,
                     lw=1,

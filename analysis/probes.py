@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from analysis.plot import PlotError, Setting, collect, setting_label, summarize, warn
+from analysis.results import PlotError
+from analysis.settings import Setting, collect, setting_label, summarize, warn
 
 SCORES = ("accuracy", "error")  # what a probe's group reports, with its "count"
 

@@ -24,7 +24,8 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from analysis.aggregate import score_run
-from analysis.plot import PlotError, RunResult, collect
+from analysis.results import PlotError, RunResult
+from analysis.settings import collect
 from training import atomic_open
 
 TUNED = ("agent.epochs", "agent.lr_schedule")  # the settings the grid varies

@@ -19,18 +19,13 @@ from matplotlib.image import imread
 from omegaconf import OmegaConf
 from tiny_rl import TINY_RL
 
-from analysis.plot import (
-    FINAL_POINTS,
-    PlotError,
-    label_settings,
-    main,
-    markdown_table,
-    plot_panel,
-    read_run,
-    summarize,
-)
+from analysis.figures import plot_panel
+from analysis.plot import main
 from analysis.probes import main as probes_main
 from analysis.probes import probe_groups
+from analysis.results import FINAL_POINTS, PlotError, read_run
+from analysis.settings import label_settings, summarize
+from analysis.tables import markdown_table
 from training import MetricsLogger, save_resolved_config
 
 ROOT = Path(__file__).resolve().parents[1]
