@@ -585,9 +585,12 @@ def test_a_setting_added_since_a_run_began_takes_the_resuming_commands_value():
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         run_cfg = OmegaConf.to_container(compose("lm"), resolve=True)
         now = compose("lm", overrides=["resume=true"])
-    del run_cfg["precision"]  # a run from before the setting existed
+    del run_cfg["precision"], run_cfg["eval"]["split"]  # a run from before they existed
+    run_cfg["task"]["name"] = "another"  # (a group of another choice takes nothing of now's)
+    del run_cfg["task"][next(k for k in now.task if k != "name")]
     resumed_cfg = resumed(now, {"config": run_cfg}, ["resume=true"])
-    assert resumed_cfg.precision == "fp32" and resumed_cfg.task == now.task
+    assert resumed_cfg.precision == "fp32" and resumed_cfg.eval.split == now.eval.split
+    assert OmegaConf.to_container(resumed_cfg.task) == run_cfg["task"]
 
 
 @pytest.mark.slow

@@ -237,8 +237,7 @@ def resumed_config(
         )
     for key in ("resume", "overwrite"):  # this command's own
         saved[key] = cfg.get(key)
-    for key in cfg.keys() - saved.keys():  # settings added to the trainer since the run began
-        saved[key] = cfg[key]
+    add_missing(saved, cfg)  # settings added to the trainer since the run began
     changes = list(saved.get(CHANGES_KEY) or [])
     for key in given_keys(overrides, config_name):
         value = OmegaConf.select(cfg, key, default=unset)
@@ -250,6 +249,20 @@ def resumed_config(
     if changes:
         saved[CHANGES_KEY] = changes
     return saved
+
+
+def add_missing(saved: DictConfig, now: DictConfig) -> None:
+    """Adds to ``saved``, at any depth, the keys of ``now`` it lacks (a setting added to the
+    trainer after the run began, such as a new `eval.*` or `agent.*` key), with their values
+    in ``now``; not into a group of which ``now`` holds another choice (its `name` or `kind`
+    differs: a Portal run resumed by a command that composes the Corridor)."""
+    for key in now.keys():
+        if key not in saved:
+            saved[key] = now[key]
+        elif OmegaConf.is_dict(saved[key]) and OmegaConf.is_dict(now[key]):
+            choice = ("name", "kind")
+            if all(saved[key].get(k) == now[key].get(k) for k in choice):
+                add_missing(saved[key], now[key])
 
 
 def given_keys(overrides: Sequence[str], config_name: str) -> list[str]:
