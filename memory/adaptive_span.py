@@ -22,6 +22,7 @@ class AdaptiveSpan(MemoryKind):
     """A learned span per head with the ramp mask and its L1 span loss."""
 
     name = "adaptive_span"
+    consecutive = True  # deleted by age (the longest head span) and episode only
     steps_in_buffer = True  # ``read`` only projects the spans; ``spans()`` clamps them anyway
 
     def __init__(self, cfg: MemoryConfig) -> None:

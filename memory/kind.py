@@ -80,6 +80,7 @@ class Call:
 class Read(NamedTuple):
     """What a layer's memory gives its attention for one call."""
 
+    queries: Tensor  # (B, H, Q, head_dim): the queries of the call's steps
     segments: list[Segment]  # attended to jointly; the last one ends with the position window
     width: int  # keys in the position window (see MemoryAttention.forward)
     window: Tensor | None  # their time offsets, or None when consecutive
@@ -107,6 +108,9 @@ class MemoryKind(nn.Module):
     name: str  # the kind's name in MemoryConfig.kind
     stores_span = False  # a span per memory (``span``) is stored with it
     learns_from_attention = False  # ``attention_loss`` is taken in training
+    # the memories of ``recent`` are always consecutive time steps (or invisible ones): deleted
+    # by age and episode only, never one from between two kept ones (``window_of``)
+    consecutive = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -175,10 +179,10 @@ class MemoryKind(nn.Module):
         cfg = self.cfg
         return SlotStore.empty(batch, cfg.dim, cfg.num_heads, with_span, device, dtype)
 
-    def read(self, attention: MemoryAttention, memory: LayerMemory, new: Slots, call: Call) -> Read:
-        """What the layer's memory gives the attention of ``call``, whose new memories are
-        ``new``, and the layer's memory after the call."""
-        slots, recent = self.extend(attention, memory, "recent", new, call, self.alive)
+    def read(self, attention: MemoryAttention, memory: LayerMemory, x: Tensor, call: Call) -> Read:
+        """What the layer's memory gives the attention of ``call``, whose steps write the
+        memories ``x`` (B, Q, dim), and the layer's memory after the call."""
+        queries, slots, recent = self.extend_recent(attention, memory, x, call)
         m, count = self.visible_mask(slots, call)
         if call.recompute and m.dtype != torch.bool:  # a loss to train on: only with gradients
             aux_loss = self.loss(m, slots, call)
@@ -189,7 +193,7 @@ class MemoryKind(nn.Module):
             recent = self.delete(slots, call, self.alive)
         after = memory.replace(recent=recent) if call.next_state else None
         window = self.window_of(slots.position, call)
-        return Read([segment], *window, aux_loss, count, after, slots)
+        return Read(queries, [segment], *window, aux_loss, count, after, slots)
 
     def read_buffer(self, buffer: Slots, call: Call) -> tuple[Segment, Tensor]:
         """Step mode without gradients (``steps_in_buffer``), after the step's memory was
@@ -264,6 +268,31 @@ class MemoryKind(nn.Module):
             m = m.amax(1)
         return (m[:, 0] > 0) & (slots.position >= begin[:, None])
 
+    def written(self, attention: MemoryAttention, x: Tensor, call: Call) -> tuple[Tensor, Slots]:
+        """The queries of the call's steps and the memories they write, ``x`` (B, Q, dim) with
+        their keys, values and spans (where stored)."""
+        queries, keys, values = attention.project(x)
+        return queries, Slots(x, keys, values, call.positions, self.span(x))
+
+    def extend_recent(
+        self, attention: MemoryAttention, memory: LayerMemory, x: Tensor, call: Call
+    ) -> tuple[Tensor, Slots, SlotStore]:
+        """The queries of the call's steps, the memories of the ``recent`` store followed by
+        theirs (``x``, (B, Q, dim)) as the call's keys see them, and the store (written in
+        place in step mode without gradients)."""
+        store = memory["recent"]
+        if call.recompute:  # one projection of every memory and step, with the live weights,
+            # so that gradients reach W_k, W_v and the span predictor through them all
+            old = store.view()
+            hidden = torch.cat([old.hidden, x], 1)
+            queries, keys, values = attention.project(hidden)
+            position = torch.cat([old.position, call.positions], 1)
+            span = self.span(hidden) if self.stores_span else None
+            return queries[:, :, old.length :], Slots(hidden, keys, values, position, span), store
+        queries, new = self.written(attention, x, call)
+        slots, store = self.extend(attention, memory, "recent", new, call, self.alive)
+        return queries, slots, store
+
     def extend(
         self,
         attention: MemoryAttention,
@@ -301,15 +330,9 @@ class MemoryKind(nn.Module):
     def window_of(self, position: Tensor, call: Call) -> tuple[int, Tensor | None]:
         """The keys that can get a position term (A.1): the last ``block_len - 1`` memories
         before the call and the call's own steps. Memories are sorted by time, so no older
-        one can be closer than block_len to a query."""
+        one can be closer than block_len to a query. Where they are consecutive
+        (``consecutive``), their terms are found by position, else by each one's distance."""
         width = min(position.shape[1], self.window + call.num_queries)
-        position = position[:, position.shape[1] - width :]
-        # worth checking for the cheaper case without holes where reading the check's answer
-        # costs nothing: on a CPU, and not where a GPU would wait or a compiled region break
-        # (a call of fixed shapes is meant to be compiled)
-        cheap = position.is_cpu and not (call.fixed_shapes or torch.compiler.is_compiling())
-        if call.num_queries > 1 and cheap:
-            expected = torch.arange(call.next_time - width, call.next_time, device=position.device)
-            if bool(((position == expected) | (position < call.memory_begin[:, None])).all()):
-                return width, None  # (invisible keys may hold anything)
-        return width, call.start - position
+        if self.consecutive and call.num_queries > 1:
+            return width, None  # (invisible keys may hold anything)
+        return width, call.start - position[:, position.shape[1] - width :]

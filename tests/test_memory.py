@@ -13,6 +13,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from memory import MemoryConfig, MemoryTransformer, kind_names
+from memory.attention import Attend, PositionWindow, attend, log_mask
 from memory.store import EMPTY, MIN_SPARE_SLOTS, Slots, SlotStore, compacted, padded_length
 
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
@@ -103,6 +104,35 @@ def test_gradients_do_not_change_outputs(kind):
     assert (blocked_without_grad - expected).abs().max() < TOLERANCE
     assert (blocked - expected).abs().max() < TOLERANCE
     assert (stepped - expected[:, :10]).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("memory", ["empty", "carried"])
+def test_the_hand_written_backward_is_autograds(kind, memory):
+    """`memory.attention.Attend`'s backward, checked by finite differences in float64
+    (gradcheck) through a layer: episodes starting inside the block, an empty memory or one
+    carried from earlier blocks with memories deleted, spans on their ramp; the inputs are the
+    block and the weights of the layer's attention and memory kind."""
+    core = make_core(kind, num_layers=1).double().train()
+    x = torch.randn(3, 24, 16, dtype=torch.float64)
+    starts = episode_starts(3, 24)  # one inside the block: [1, 23]
+    state = core.initial_state(3)
+    if memory == "carried":
+        with torch.no_grad():
+            _, state = run_blocks(core, x[:, :18], starts[:, :18], 6, state)
+        assert max(state.stored_lengths()) < 18  # memories were deleted
+    named = dict(core.named_parameters())
+    names = [name for name in named if ".kind." in name or "qkv" in name or "position" in name]
+
+    def call(block, *weights):
+        out = torch.func.functional_call(
+            core, dict(zip(names, weights, strict=True)), (block, state, starts[:, 18:])
+        )
+        return out.hidden, out.aux_loss
+
+    inputs = [x[:, 18:].clone().requires_grad_()]
+    inputs += [named[name].detach().clone().requires_grad_() for name in names]
+    assert torch.autograd.gradcheck(call, inputs)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -558,6 +588,39 @@ def test_position_term_covers_only_distances_below_block_len(queries, width):
     assert torch.allclose(gathered, expected, atol=1e-6)
     if queries > 1:  # the same values: a GPU looks them up where a CPU takes the slice
         assert torch.equal(attention.position_term(q, width, None), gathered)
+
+
+@pytest.mark.parametrize("window", ["consecutive", "by_distance"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_attend_differentiates_as_autograd_through_its_operations(window, dropout):
+    """`Attend`'s backward gives the gradients autograd takes through `attend`'s operations,
+    in float64 to rounding, for a mask per key or per head, either position lookup and
+    attention dropout (the same noise drawn for both)."""
+    generator = torch.Generator().manual_seed(3)
+    batch, heads, queries, keys, head_dim, reach = 2, 3, 5, 9, 4, 4
+    shapes = [
+        (batch, heads, queries, head_dim),
+        (batch, heads, head_dim, keys),
+        (batch, heads, keys, head_dim),
+        (heads, reach, head_dim),
+    ]
+    q, k, v, position = (torch.randn(*shape, generator=generator).double() for shape in shapes)
+    for mask_heads in (1, heads):
+        m = torch.rand(batch, mask_heads, queries, keys, generator=generator).double()
+        m[m < 0.2] = 0
+        inputs = [t.clone().requires_grad_() for t in (q, k, v, log_mask(m, m.dtype), position)]
+        width = 7
+        distance = None if window == "consecutive" else torch.randint(-3, 6, (batch, width))
+        lookup = PositionWindow(width, distance, queries, reach)
+        gradients = []
+        for function in (Attend.apply, lambda *args: attend(*args)[:2]):
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                out, _ = function(*inputs, lookup, dropout)
+            grad = torch.autograd.grad(out.sin().sum(), inputs)
+            gradients.append(grad)
+        for ours, autograds in zip(*gradients, strict=True):
+            torch.testing.assert_close(ours, autograds, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(
