@@ -39,6 +39,15 @@ def make_optimizer(agent: torch.nn.Module, name: str, lr: float) -> torch.optim.
     )
 
 
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> None:
+    """Scales the gradients of ``parameters`` (on one device) down to a total 2-norm of at most
+    ``max_norm``: `torch.nn.utils.clip_grad_norm_`'s arithmetic, without its move of each
+    tensor's norm to the first one's device (an operation per parameter)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
+
+
 def minibatches(batch_size: int, count: int, device: torch.device | str = "cpu") -> list:
     """``count`` random disjoint sets of whole environment sequences (each keeps its own
     memory), of sizes that differ by at most one, as indices on ``device`` (so that selecting
@@ -95,6 +104,7 @@ class Learner:
         if compile_mode:  # static shapes: each padded length compiles once
             self.model = torch.compile(self.model, mode=compile_mode, dynamic=False)
         self.optimizer = make_optimizer(agent, cfg.optimizer, cfg.lr)
+        self.parameters = list(agent.parameters())
         self.anchor = PolicyAnchor(agent, cfg.anchor_from) if cfg.anchor_coef else None
 
     @property
@@ -133,7 +143,7 @@ class Learner:
             group["lr"] = cfg.lr * fraction
         if self.anchored:  # the anchor's policy on the whole unroll, once, from its own memory
             anchor_policy = self.anchor.policy(unroll.obs, unroll.starts, previous)
-        losses = dict.fromkeys(LOSS_KEYS, torch.zeros((), device=device))
+        losses = torch.zeros(len(LOSS_KEYS), device=device)  # summed without a sync
         epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
         for _ in range(cfg.epochs):
             epochs_run, epoch_kl = epochs_run + 1, 0.0
@@ -173,15 +183,11 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(self.agent.parameters(), cfg.max_grad_norm)
+                    clip_gradients(self.parameters, cfg.max_grad_norm)
                 self.optimizer.step()
                 minibatches_run += 1
-                for key, value in zip(
-                    LOSS_KEYS,
-                    (terms.policy, terms.value, terms.entropy, out.aux_loss, anchor_kl),
-                    strict=True,
-                ):
-                    losses[key] = losses[key] + value.detach()  # summed without a sync
+                terms_of_loss = (terms.policy, terms.value, terms.entropy, out.aux_loss, anchor_kl)
+                losses += torch.stack(terms_of_loss).detach()
                 if terms.approx_kl is not None:
                     epoch_kl += terms.approx_kl.detach() / cfg.minibatches  # no sync
             # PPO: stop this unroll's epochs once the policy is target_kl away from the one
@@ -192,7 +198,10 @@ class Learner:
         # The observation statistics move after the update, so each unroll is normalised alike
         # by acting and learning.
         update_statistics(self.agent.encoder, unroll.obs)
-        means = {key: float(value) / minibatches_run for key, value in losses.items()}
+        means = {
+            key: value / minibatches_run
+            for key, value in zip(LOSS_KEYS, losses.tolist(), strict=True)
+        }
         means.update(approx_kl=float(epoch_kl), epochs=epochs_run)
         means[BEHAVIOUR_RATIO_ERROR] = ratio_error
         return means
