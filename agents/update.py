@@ -22,6 +22,7 @@ from agents.losses import (
     ppo_loss,
 )
 from agents.rollout import Unroll
+from memory import MemoryState
 from training.distributed import DistInfo, all_reduce_mean
 from training.schedule import lr_fraction
 
@@ -128,6 +129,17 @@ class Learner:
             )
         return advantages, returns
 
+    def start_states(self, unroll: Unroll, indices: list) -> list:
+        """The memory each minibatch of ``indices`` starts from: the unroll's, selected for it
+        (a memory transformer's lengths read at once for the epoch), or padded to few shapes
+        for a compiled learner."""
+        start = unroll.start_state
+        if indices[0] is ALL and not self.fixed_shapes:
+            return [start]
+        if isinstance(start, MemoryState) and not self.fixed_shapes:
+            return start.minibatches(indices)
+        return [start.select(index, self.fixed_shapes) for index in indices]
+
     def update(self, unroll: Unroll, update: int) -> dict[str, float]:
         """Learns from ``unroll``, the ``update``-th (0-based); returns the means over its
         minibatches of the losses, the KL of its last epoch (PPO: KL(acting || current
@@ -147,10 +159,8 @@ class Learner:
         epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
         for _ in range(cfg.epochs):
             epochs_run, epoch_kl = epochs_run + 1, 0.0
-            for index in minibatches(unroll.rewards.shape[0], cfg.minibatches, device):
-                start = unroll.start_state
-                if index is not ALL or self.fixed_shapes:
-                    start = start.select(index, self.fixed_shapes)
+            indices = minibatches(unroll.rewards.shape[0], cfg.minibatches, device)
+            for index, start in zip(indices, self.start_states(unroll, indices), strict=True):
                 policy, values, out = self.model(
                     select_envs(unroll.obs, index),
                     start,

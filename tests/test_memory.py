@@ -382,6 +382,33 @@ def test_selected_and_saved_states_continue_as_the_full_batch(kind):
     assert (refreshed - full).abs().max() < TOLERANCE
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_minibatches_are_selected_alike_with_one_read_of_the_device(kind):
+    """A learner's minibatches of an epoch (`MemoryState.minibatches`): each one's memory is
+    `select`'s, its stores cut to the slots its elements fill, and all their lengths are
+    read from the device at once; from stepped buffers (dead slots kept, empty and spare ones
+    around them) and from compacted blocks."""
+    core = make_core(kind)
+    x = torch.randn(4, 30, 16)
+    starts = episode_starts(4, 30)
+    indices = [torch.tensor([2, 0]), torch.tensor([3]), torch.tensor([1])]
+    with torch.no_grad():
+        for _, state in (run_steps(core, x, starts), run_blocks(core, x, starts, 6)):
+            with HostReads() as host:
+                minibatches = state.minibatches(indices)
+            assert host.reads == ["tolist"]
+            for index, minibatch in zip(indices, minibatches, strict=True):
+                expected = state.select(index)
+                assert minibatch.time == expected.time
+                assert torch.equal(minibatch.episode_begin, expected.episode_begin)
+                for layer, other in zip(minibatch.layers, expected.layers, strict=True):
+                    for store, kept in zip(layer.stores(), other.stores(), strict=True):
+                        assert store.length == kept.length
+                        for field, expected_field in zip(store.view(), kept.view(), strict=True):
+                            assert (field is None) == (expected_field is None)
+                            assert field is None or torch.equal(field, expected_field)
+
+
 @pytest.mark.parametrize("kind", ["transformer_xl", "expire_span"])
 def test_a_saved_memory_holds_the_hidden_states_it_needs_only(kind):
     """A checkpoint keeps every slot's position and the h_i a memory needs: not the keys and
