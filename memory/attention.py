@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from memory.config import MemoryConfig
+from memory.linear import Linear
 
 
 class Segment(NamedTuple):
@@ -188,8 +189,8 @@ class MemoryAttention(nn.Module):
         self.dim = cfg.dim
         self.heads = cfg.num_heads
         self.head_dim = cfg.head_dim
-        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)  # eq. 1: q, k, v = W_q h, W_k h, W_v h
-        self.out = nn.Linear(cfg.dim, cfg.dim)  # eq. 2: W_o
+        self.qkv = Linear(cfg.dim, 3 * cfg.dim)  # eq. 1: q, k, v = W_q h, W_k h, W_v h
+        self.out = Linear(cfg.dim, cfg.dim)  # eq. 2: W_o
         # p_d for distances d = 0 .. block_len-1, one set per head (A.1)
         self.position = nn.Parameter(0.02 * torch.randn(cfg.num_heads, cfg.block_len, cfg.head_dim))
         self.dropout = cfg.dropout

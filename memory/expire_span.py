@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, ramp_mask
+from memory.linear import Linear
 from memory.store import Slots
 
 
@@ -32,7 +33,7 @@ class SpanPredictor(nn.Module):
         super().__init__()
         self.max_span = cfg.max_span
         self.divisor = cfg.ramp if cfg.scaled_span else 1.0
-        self.linear = nn.Linear(cfg.dim, 1)
+        self.linear = Linear(cfg.dim, 1)
         # A.1: start with small spans: w = 0 and e_i = init_span_fraction * L for every memory
         nn.init.zeros_(self.linear.weight)
         p = cfg.init_span_fraction

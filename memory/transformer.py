@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from memory.attention import MemoryAttention
 from memory.config import MemoryConfig
 from memory.kind import Call, Read, kind_classes
+from memory.linear import Linear
 from memory.store import LayerMemory, MemoryState, Slots, write_slot
 
 
@@ -57,7 +58,7 @@ class MemoryLayer(nn.Module):
         self.kind = kind_classes()[cfg.kind](cfg)
         self.ffn_norm = nn.LayerNorm(cfg.dim)
         self.ffn = nn.Sequential(
-            nn.Linear(cfg.dim, cfg.ffn_dim), nn.ReLU(), nn.Linear(cfg.ffn_dim, cfg.dim)
+            Linear(cfg.dim, cfg.ffn_dim), nn.ReLU(), Linear(cfg.ffn_dim, cfg.dim)
         )
         self.dropout = cfg.dropout
 

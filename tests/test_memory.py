@@ -10,10 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.attention import Attend, PositionWindow, attend, log_mask
+from memory.linear import Linear
 from memory.store import EMPTY, MIN_SPARE_SLOTS, Slots, SlotStore, compacted, padded_length
 
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
@@ -648,6 +650,20 @@ def test_attend_differentiates_as_autograd_through_its_operations(window, dropou
             gradients.append(grad)
         for ours, autograds in zip(*gradients, strict=True):
             torch.testing.assert_close(ours, autograds, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (3, 4, 5)])
+def test_linear_differentiates_as_nn_linear(shape):
+    """`memory.linear.Linear`'s three-operation backward gives nn.Linear's gradients."""
+    torch.manual_seed(0)
+    layer = Linear(5, 6).double()
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    inputs = (x, layer.weight, layer.bias)
+    ours = torch.autograd.grad(layer(x).sin().sum(), inputs)
+    autograds = torch.autograd.grad(F.linear(x, layer.weight, layer.bias).sin().sum(), inputs)
+    for gradient, expected in zip(ours, autograds, strict=True):
+        torch.testing.assert_close(gradient, expected, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(layer, (x,))
 
 
 @pytest.mark.parametrize(
