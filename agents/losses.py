@@ -184,7 +184,11 @@ def ppo_loss(
     taken, entropy = log_prob_and_entropy(policy, actions)
     log_ratio = taken - old_log_probs
     ratio = log_ratio.exp()
-    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    unclipped, clipped = ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages
+    # their minimum; at a tie the clipped one takes the whole gradient that torch.min would
+    # split between the two (the same: at a tie the ratio is within the clip or the
+    # advantage is 0)
+    surrogate = torch.where(unclipped < clipped, unclipped, clipped)
     k3 = (ratio - 1) - log_ratio  # the k3 estimator of KL: unbiased, >= 0
     return LossTerms(
         policy=-masked_mean(surrogate, mask),

@@ -36,8 +36,10 @@ class AdaptiveSpan(MemoryKind):
         return self.max_span * self.span_fraction.clamp(0, 1)
 
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
-        start = 1 + (self.spans()[:, None] + relative[:, None, :]) / self.ramp  # (B, H, N)
-        return ramp_mask(start, offsets, self.ramp)  # (B, H, Q, N)
+        return ramp_mask(self.ramp_start(relative, span), offsets, self.ramp)  # (B, H, Q, N)
+
+    def ramp_start(self, relative: Tensor, span: Tensor | None) -> Tensor:
+        return 1 + (self.spans()[:, None] + relative[:, None, :]) / self.ramp  # (B, H, N)
 
     def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         return self.coef * self.spans().mean()

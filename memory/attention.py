@@ -154,25 +154,26 @@ class Attend(torch.autograd.Function):
         ctx.save_for_backward(q, keys, values, weights, table, noise)
         ctx.window, ctx.mask_shape = window, log_m.shape
         ctx.mark_non_differentiable(weights)
+        ctx.set_materialize_grads(False)  # (no zeros made for the weights' gradient)
         return out, weights
 
     @staticmethod
-    def backward(ctx, grad: Tensor, _: Tensor) -> tuple[Tensor | None, ...]:
+    def backward(ctx, grad: Tensor, _: None) -> tuple[Tensor | None, ...]:
         q, keys, values, weights, table, noise = ctx.saved_tensors
         batch, heads, length, head_dim = q.shape
         window = ctx.window
-        grad = grad.view(batch, length, heads, head_dim).transpose(1, 2)
+        grad = grad.view(batch, length, heads, head_dim)
         attended = weights if noise is None else weights * noise
-        d_attended = torch.matmul(grad, values.mT)
+        d_attended = torch.einsum("bqhd,bhnd->bhqn", grad, values)
         if noise is not None:
             d_attended *= noise
         d_scores = torch._softmax_backward_data(d_attended, weights, -1, weights.dtype)
         d_products = window.gradient(d_scores[..., d_scores.shape[-1] - window.width :])
-        d_q = torch.matmul(d_scores, keys.mT)
+        d_q = torch.einsum("bhqn,bhdn->bhqd", d_scores, keys)
         d_q += torch.matmul(d_products, table)
         d_q *= head_dim**-0.5
-        d_keys = torch.matmul(q.mT, d_scores)
-        d_values = torch.matmul(attended.mT, grad)
+        d_keys = torch.einsum("bhqd,bhqn->bhdn", q, d_scores)
+        d_values = torch.einsum("bhqn,bqhd->bhnd", attended, grad)
         d_log_m = d_scores.sum_to_size(ctx.mask_shape) if ctx.needs_input_grad[3] else None
         d_position = None
         if ctx.needs_input_grad[4]:  # rows reach .. 1 of the table: p_0 .. p_{reach-1}

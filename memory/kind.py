@@ -12,9 +12,11 @@ as t grows) and is deleted (``alive``).
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import torch
@@ -69,11 +71,19 @@ class Call:
     def next_begin(self) -> Tensor:
         return self.query_begin[:, -1]
 
+    @cached_property
+    def columns(self) -> tuple[Tensor, Tensor]:
+        """The queries' episode begins and time indices as columns (B, Q, 1) against the keys'
+        rows: made once a call, for every layer."""
+        return self.query_begin[:, :, None], self.positions[:, :, None]
+
     def visible(self, position: Tensor) -> Tensor:
         """Whether query t may see memory i at all: same episode and i <= t, (B, Q, N)."""
-        visible = position[:, None, :] >= self.query_begin[:, :, None]
+        begin, time = self.columns
+        position = position[:, None, :]
+        visible = position >= begin
         if self.num_queries > 1:
-            visible &= position[:, None, :] <= self.positions[:, :, None]
+            visible &= position <= time
         return visible
 
 
@@ -92,9 +102,55 @@ class Read(NamedTuple):
 
 def ramp_mask(start: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
     """clamp(start_i - offset_t / R, 0, 1) for every query offset: (..., Q, N) from (..., N)."""
+    return ramp_argument(start, offsets, ramp).clamp(0, 1)
+
+
+def ramp_argument(start: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
+    """start_i - offset_t / R, what `ramp_mask` clamps."""
     if offsets is None:
-        return start[..., None, :].clamp(0, 1)
-    return (start[..., None, :] - (offsets / ramp)[:, None]).clamp(0, 1)
+        return start[..., None, :]
+    return start[..., None, :] - (offsets / ramp)[:, None]
+
+
+def ramp_log_mask(
+    start: Tensor, offsets: Tensor | None, ramp: float, visible: Tensor
+) -> tuple[Tensor, Tensor]:
+    """log m_ti and m_ti of a ramp mask: `ramp_mask` where query t may see memory i
+    (``visible`` (B, Q, N)), 0 elsewhere; through `RampLogMask` where gradients reach
+    ``start``, and m_ti then carries none."""
+    if torch.is_grad_enabled() and start.requires_grad:
+        return RampLogMask.apply(start, offsets, ramp, visible)
+    return _ramp_log_mask(start, offsets, ramp, visible)[:2]
+
+
+def _ramp_log_mask(
+    start: Tensor, offsets: Tensor | None, ramp: float, visible: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    argument = ramp_argument(start, offsets, ramp)
+    m = argument.clamp(0, 1) * (visible if argument.dim() == 3 else visible[:, None])
+    return m.log(), m, argument
+
+
+class RampLogMask(torch.autograd.Function):
+    """`ramp_log_mask` in one node, whose backward passes d log m / d m = 1 / m to start_i
+    where the ramp is on it (0 < m <= 1 unclamped): what the clamp, the visibility's product
+    and the log would pass back in a node each."""
+
+    @staticmethod
+    def forward(
+        ctx, start: Tensor, offsets: Tensor | None, ramp: float, visible: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        log_m, m, argument = _ramp_log_mask(start, offsets, ramp, visible)
+        ctx.save_for_backward(argument, m)
+        ctx.mark_non_differentiable(m)
+        ctx.set_materialize_grads(False)
+        return log_m, m
+
+    @staticmethod
+    def backward(ctx, d_log: Tensor, _: None) -> tuple[Tensor | None, ...]:
+        argument, m = ctx.saved_tensors
+        on_ramp = (m >= torch.finfo(m.dtype).tiny) & (argument <= 1)
+        return torch.where(on_ramp, d_log / m, 0.0).sum(-2), None, None, None
 
 
 class MemoryKind(nn.Module):
@@ -138,6 +194,12 @@ class MemoryKind(nn.Module):
     ) -> LayerMemory:
         """An empty memory of this layer for ``batch`` sequences."""
         return LayerMemory(recent=self.empty_store(batch, device, dtype, self.stores_span))
+
+    def ramp_start(self, relative: Tensor, span: Tensor | None) -> Tensor | None:
+        """For a mask that is a ramp, `ramp_mask` of ``start`` over ``cfg.ramp`` steps: start_i
+        of memories at i = s + relative (B, N) with spans ``span``, (B, N) or per head
+        (B, H, N); None for another mask (the default)."""
+        return None
 
     def span(self, hidden: Tensor) -> Tensor | None:
         """Per-memory value computed when a memory is written (Expire-Span's e_i), for
@@ -183,12 +245,12 @@ class MemoryKind(nn.Module):
         """What the layer's memory gives the attention of ``call``, whose steps write the
         memories ``x`` (B, Q, dim), and the layer's memory after the call."""
         queries, slots, recent = self.extend_recent(attention, memory, x, call)
-        m, count = self.visible_mask(slots, call)
+        m, count, log_m = self.visible_mask(slots, call)
         if call.recompute and m.dtype != torch.bool:  # a loss to train on: only with gradients
             aux_loss = self.loss(m, slots, call)
         else:
             aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
-        segment = self.segment(self.restrict(m, slots, call), slots, call)
+        segment = self.segment(m, log_m, slots, call)
         if not call.in_place and call.next_state:
             recent = self.delete(slots, call, self.alive)
         after = memory.replace(recent=recent) if call.next_state else None
@@ -199,26 +261,37 @@ class MemoryKind(nn.Module):
         """Step mode without gradients (``steps_in_buffer``), after the step's memory was
         written into the ``recent`` store's buffer: the whole buffer as one segment, its
         empty and dead slots masked, and the count of ``Read``."""
-        m, count = self.visible_mask(buffer, call)
-        return self.segment(self.restrict(m, buffer, call), buffer, call), count
+        m, count, log_m = self.visible_mask(buffer, call)
+        return self.segment(m, log_m, buffer, call), count
 
-    def visible_mask(self, slots: Slots, call: Call) -> tuple[Tensor, Tensor]:
+    def visible_mask(self, slots: Slots, call: Call) -> tuple[Tensor, Tensor, Tensor | None]:
         """m_ti of the call's queries for ``slots``, 0 where a query may not see a memory at
-        all, and how many are > 0 (per-head masks: the mean over heads)."""
-        m = self.mask((slots.position - call.start).to(call.dtype), slots.span, call.offsets)
+        all; how many are > 0 (per-head masks: the mean over heads); and for a ramp mask
+        (``ramp_start``) its log, which `ramp_log_mask` computes with it (m_ti then carries no
+        gradient: the log does), else None."""
+        relative = (slots.position - call.start).to(call.dtype)
         visible = call.visible(slots.position)
-        if m.dim() == 4:
-            visible = visible[:, None]
-        m = m & visible if m.dtype == torch.bool else m * visible
+        start = self.ramp_start(relative, slots.span)
+        if start is None:
+            m, log_m = self.mask(relative, slots.span, call.offsets), None
+            visible = visible[:, None] if m.dim() == 4 else visible
+            m = m & visible if m.dtype == torch.bool else m * visible
+        else:
+            log_m, m = ramp_log_mask(start, call.offsets, self.cfg.ramp, visible)
         count = torch.count_nonzero(m)
         if m.dim() == 4:
             count = count / m.shape[1]
-        return m, count
+        return m, count, log_m
 
-    def segment(self, m: Tensor, slots: Slots, call: Call) -> Segment:
-        """The keys and values of ``slots`` with the attention's log mask for ``m``."""
-        m = m if m.dim() == 4 else m[:, None]
-        return Segment(slots.keys, slots.values, log_mask(m, call.dtype))
+    def segment(self, m: Tensor, log_m: Tensor | None, slots: Slots, call: Call) -> Segment:
+        """The keys and values of ``slots`` with the attention's log mask for ``m`` as the
+        call restricts it (``restrict``); ``log_m``: log m where `visible_mask` gave it."""
+        restricted = self.restrict(m, slots, call)
+        if log_m is None:
+            log_m = log_mask(restricted, call.dtype)
+        elif restricted is not m:  # (keys hidden from this call)
+            log_m = log_m.masked_fill(restricted == 0, -math.inf)
+        return Segment(slots.keys, slots.values, log_m if log_m.dim() == 4 else log_m[:, None])
 
     def with_room(self, memory: LayerMemory, time: int, begin: Tensor) -> LayerMemory:
         """The memory with room in its ``recent`` store for the memory of a step at ``time``

@@ -127,6 +127,8 @@ class SlotStore:
         return self.buffer.position.shape[1]
 
     def view(self) -> Slots:
+        if self.length == self.capacity:  # (no views to make)
+            return self.buffer
         return self.buffer.narrow(0, self.length)
 
     def can_append(self, n: int) -> bool:

@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.attention import Attend, PositionWindow, attend, log_mask
+from memory.kind import ramp_log_mask, ramp_mask
 from memory.linear import Linear
 from memory.store import EMPTY, MIN_SPARE_SLOTS, Slots, SlotStore, compacted, padded_length
 
@@ -650,6 +651,34 @@ def test_attend_differentiates_as_autograd_through_its_operations(window, dropou
             gradients.append(grad)
         for ours, autograds in zip(*gradients, strict=True):
             torch.testing.assert_close(ours, autograds, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("heads", [None, 3])
+def test_ramp_log_mask_differentiates_as_its_operations(heads):
+    """`memory.kind.ramp_log_mask`, one node, gives the log of `ramp_mask` times visibility
+    and the gradient autograd takes through the clamp, the product and `log_mask` (spans
+    clamped at 0 and 1, exactly 1 included, and on the ramp), per memory and per head."""
+    generator = torch.Generator().manual_seed(4)
+    shape = (2, 7) if heads is None else (2, heads, 7)
+    start = (3 * torch.rand(*shape, generator=generator) - 1).double()
+    start.view(-1)[:3] = torch.tensor([1.0, 0.0, 0.5])  # (no offset for the first query)
+    offsets = torch.arange(4.0, dtype=torch.float64)
+    visible = torch.rand(2, 4, 7, generator=generator) < 0.8
+    inputs = [start.clone().requires_grad_() for _ in range(2)]
+    ours, m = ramp_log_mask(inputs[0], offsets, 2.0, visible)
+    expected_m = ramp_mask(inputs[1], offsets, 2.0) * (
+        visible if heads is None else visible[:, None]
+    )
+    expected = log_mask(expected_m, torch.float64)
+    assert torch.equal(m, expected_m.detach()) and torch.equal(ours, expected)
+    weights = torch.randn(ours.shape, generator=generator).double()
+    (gradient,) = torch.autograd.grad(
+        ours.exp().mul(weights).sum() + ours.clamp_min(-5).sum(), inputs[0]
+    )
+    (autograds,) = torch.autograd.grad(
+        expected.exp().mul(weights).sum() + expected.clamp_min(-5).sum(), inputs[1]
+    )
+    torch.testing.assert_close(gradient, autograds, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("shape", [(7, 5), (3, 4, 5)])
