@@ -156,6 +156,7 @@ class Learner:
         if self.anchored:  # the anchor's policy on the whole unroll, once, from its own memory
             anchor_policy = self.anchor.policy(unroll.obs, unroll.starts, previous)
         losses = torch.zeros(len(LOSS_KEYS), device=device)  # summed without a sync
+        no_anchor = torch.zeros((), device=device)
         epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
         for _ in range(cfg.epochs):
             epochs_run, epoch_kl = epochs_run + 1, 0.0
@@ -185,7 +186,7 @@ class Learner:
                     minibatch_mask,
                 )
                 loss = terms.total(cfg.value_coef, cfg.entropy_coef) + out.aux_loss
-                anchor_kl = torch.zeros((), device=device)
+                anchor_kl = no_anchor
                 if self.anchored:
                     reference = select_envs(anchor_policy, index)
                     anchor_kl = masked_mean(policy_kl(policy, reference), minibatch_mask)
@@ -196,10 +197,11 @@ class Learner:
                     clip_gradients(self.parameters, cfg.max_grad_norm)
                 self.optimizer.step()
                 minibatches_run += 1
-                terms_of_loss = (terms.policy, terms.value, terms.entropy, out.aux_loss, anchor_kl)
-                losses += torch.stack(terms_of_loss).detach()
-                if terms.approx_kl is not None:
-                    epoch_kl += terms.approx_kl.detach() / cfg.minibatches  # no sync
+                with torch.no_grad():
+                    terms_of_loss = (terms.policy, terms.value, terms.entropy, out.aux_loss)
+                    losses += torch.stack((*terms_of_loss, anchor_kl))
+                if terms.approx_kl is not None:  # (no gradient)
+                    epoch_kl += terms.approx_kl / cfg.minibatches  # no sync
             # PPO: stop this unroll's epochs once the policy is target_kl away from the one
             # that acted (decided on the mean over ranks, so that all ranks stop together).
             target_kl = cfg.get("target_kl")

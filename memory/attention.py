@@ -75,17 +75,20 @@ class PositionWindow:
     steps ending with the last query (``window`` None), else by each key's distance from
     each query (``window`` (B, width): first query - i)."""
 
-    def __init__(self, width: int, window: Tensor | None, queries: int, reach: int) -> None:
+    def __init__(
+        self, width: int, window: Tensor | None, heads: int, queries: int, reach: int
+    ) -> None:
         self.width, self.reach = width, reach
         self.index = None
         if window is not None:  # the column reach - (t - i), clamped to the zero rows
-            ahead = torch.arange(reach, reach - queries, -1, device=window.device)
-            self.index = (ahead[:, None] - window[:, None, :]).clamp(0, reach + 1)[:, None]
+            ahead = torch.arange(reach, reach - queries, -1, device=window.device).view(-1, 1)
+            index = (ahead - window.view(-1, 1, 1, width)).clamp(0, reach + 1)
+            self.index = index.expand(-1, heads, -1, -1)  # (B, H, Q, width)
 
     def term(self, products: Tensor) -> Tensor:
         """q_t . p_{t-i} (B, H, Q, width), 0 where t - i >= reach or i > t."""
         if self.index is not None:
-            return products.gather(-1, self.index.expand(*products.shape[:3], self.width))
+            return products.gather(-1, self.index)
         # row q shifted right by q: column c then holds the key at time first - reach + 1 + c
         batch, heads, queries, _ = products.shape
         columns = self.reach - 1 + queries
@@ -98,7 +101,7 @@ class PositionWindow:
         batch, heads, queries, _ = grad.shape
         if self.index is not None:
             products = grad.new_zeros(batch, heads, queries, self.reach + 2)
-            return products.scatter_add_(-1, self.index.expand_as(grad), grad)
+            return products.scatter_add_(-1, self.index, grad)
         columns = self.reach - 1 + queries
         by_time = F.pad(grad, (columns - self.width, 0)).flatten(2)
         by_offset = F.pad(by_time, (0, queries)).view(batch, heads, queries, self.reach + queries)
@@ -130,7 +133,7 @@ def attend(
     if dropout > 0:  # (drawn as nn.Dropout draws it)
         noise = torch.empty_like(weights).bernoulli_(1 - dropout).div_(1 - dropout)
         attended = weights * noise
-    out = torch.matmul(attended, values).transpose(1, 2).reshape(batch, length, -1)
+    out = torch.einsum("bhqn,bhnd->bqhd", attended, values).reshape(batch, length, -1)
     return out, weights, q, table, noise
 
 
@@ -227,7 +230,7 @@ class MemoryAttention(nn.Module):
         exactly the consecutive time steps ending with the last query.
         """
         keys, values, log_m = segments[0] if len(segments) == 1 else joined(segments)
-        window = PositionWindow(width, window, q.shape[2], self.position.shape[1])
+        window = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
         dropout = self.dropout if self.training else 0.0
         inputs = (q, keys, values, log_m, self.position, window, dropout)
         if torch.is_grad_enabled():
@@ -238,7 +241,7 @@ class MemoryAttention(nn.Module):
 
     def position_term(self, q: Tensor, width: int, window: Tensor | None) -> Tensor:
         """q_t . p_{t-i} for the last ``width`` keys, 0 where t - i >= block_len (A.1)."""
-        lookup = PositionWindow(width, window, q.shape[2], self.position.shape[1])
+        lookup = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
         return lookup.term(torch.matmul(q, position_table(self.position).mT))
 
 

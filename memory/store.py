@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -448,12 +449,19 @@ class MemoryState:
         time = torch.as_tensor(self.time, device=self.device) if fixed_shapes else self.time
         return MemoryState(time, self.episode_begin[index], layers)
 
+    @cached_property
+    def filled(self) -> tuple[list[dict[str, Tensor]], Tensor]:
+        """How the batch elements fill each store of each layer (`SlotStore.filled`), and all
+        of it as one tensor (2 x stores, B): what `minibatches` selects by, made once (a
+        learner selects from one state every epoch)."""
+        filled = [layer.filled() for layer in self.layers]
+        return filled, torch.cat([part for parts in filled for part in parts.values()])
+
     def minibatches(self, indices: Sequence[Tensor]) -> list[MemoryState]:
         """The memories of each set of batch elements in ``indices`` (a learner's minibatches),
         as `select` compacts them, with how they fill every store read from the device at
         once: a minibatch then waits for nothing on a GPU."""
-        filled = [layer.filled() for layer in self.layers]
-        stores = torch.cat([part for parts in filled for part in parts.values()])
+        filled, stores = self.filled
         read = torch.stack([stores[:, index].amax(1) for index in indices]).tolist()  # the one
         selected = []
         for index, most in zip(indices, read, strict=True):
