@@ -13,6 +13,7 @@ from agents.compiled_step import CompiledStep
 from agents.distributions import Gaussian, PolicyParams, sample, sampling_noise
 from agents.encoders import make_encoder
 from memory import CoreOutput
+from memory.linear import Linear
 from training.host import acting_threads
 
 # What the agent saw besides the observation: the previous action and the previous reward,
@@ -25,7 +26,7 @@ class MultiHead(nn.Module):
 
     def __init__(self, dim: int, sizes: tuple[int, ...]) -> None:
         super().__init__()
-        self.heads = nn.ModuleList(nn.Linear(dim, size) for size in sizes)
+        self.heads = nn.ModuleList(Linear(dim, size) for size in sizes)
 
     def forward(self, hidden: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return tuple(head(hidden) for head in self.heads)
@@ -38,7 +39,7 @@ class GaussianHead(nn.Module):
 
     def __init__(self, dim: int, size: int) -> None:
         super().__init__()
-        self.mean = nn.Linear(dim, size)
+        self.mean = Linear(dim, size)
         self.log_std = nn.Parameter(torch.zeros(size))
 
     def forward(self, hidden: torch.Tensor) -> Gaussian:
@@ -79,7 +80,7 @@ def policy_head(space: spaces.Space, dim: int) -> tuple[nn.Module, list[nn.Linea
     if isinstance(space, spaces.MultiDiscrete):
         head = MultiHead(dim, tuple(int(n) for n in space.nvec))
         return head, list(head.heads)
-    head = nn.Linear(dim, int(space.n))
+    head = Linear(dim, int(space.n))
     return head, [head]
 
 
@@ -119,10 +120,10 @@ class ActorCritic(nn.Module):
         self.previous_width = seen_width * previous_action + previous_reward
         self.previous = None
         if self.previous_width:
-            self.previous = nn.Sequential(nn.Linear(dim + self.previous_width, dim), nn.ReLU())
+            self.previous = nn.Sequential(Linear(dim + self.previous_width, dim), nn.ReLU())
         self.core = core
         self.policy, policy_layers = policy_head(action_space, dim)
-        self.value = nn.Linear(dim, 1)
+        self.value = Linear(dim, 1)
         for layer in policy_layers:
             nn.init.orthogonal_(layer.weight, gain=0.01)
             nn.init.zeros_(layer.bias)

@@ -17,6 +17,8 @@ import torch
 from gymnasium import spaces
 from torch import nn
 
+from memory.linear import Linear
+
 IMAGE_MIN_SIZE = 8  # an (H, W, C) uint8 Box with H, W >= 8 and pixel values above 1 is an image
 NORMALISE = ("auto", True, False)  # env.normalise_observations: auto = where a Box is unbounded
 
@@ -103,7 +105,7 @@ class FlatEncoder(nn.Sequential):
     def __init__(self, shape: tuple[int, ...], dim: int, normalise: bool = False) -> None:
         size = math.prod(shape)
         normaliser = [RunningNormaliser(size)] if normalise else []
-        super().__init__(*normaliser, nn.Linear(size, dim), nn.ReLU())
+        super().__init__(*normaliser, Linear(size, dim), nn.ReLU())
         self.obs_dims = len(shape)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -128,7 +130,7 @@ class ImageEncoder(nn.Module):
             nn.Flatten(),
         )
         features = self.conv(torch.zeros(1, channels, height, width)).shape[1]
-        self.out = nn.Sequential(nn.Linear(features, dim), nn.ReLU())
+        self.out = nn.Sequential(Linear(features, dim), nn.ReLU())
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         images = obs.reshape(-1, *obs.shape[-3:]).permute(0, 3, 1, 2).float() / 255
@@ -167,7 +169,7 @@ class CompositeEncoder(nn.Module):
             self.parts = nn.ModuleDict(encoders)
         else:
             self.parts = nn.ModuleList(make_encoder(part, dim, normalise) for part in space)
-        self.project = nn.Linear(len(space) * dim, dim)
+        self.project = Linear(len(space) * dim, dim)
 
     def forward(self, obs: tuple | dict) -> torch.Tensor:
         if isinstance(self.parts, nn.ModuleDict):

@@ -29,17 +29,17 @@ def generalized_advantages(
     observation of an episode that a step limit ended with step t (0 elsewhere), which that
     step bootstraps from: delta_t = r_t + gamma V(final) - V_t. Returns (advantages, value
     targets), both (B, T)."""
-    advantages = torch.zeros_like(rewards)
-    next_advantage = torch.zeros_like(bootstrap_value)
-    next_value = bootstrap_value
-    for t in reversed(range(rewards.shape[1])):
-        not_done = 1.0 - dones[:, t]
-        delta = rewards[:, t] + gamma * next_value * not_done - values[:, t]
-        if truncation_values is not None:
-            delta = delta + gamma * truncation_values[:, t]
-        next_advantage = delta + gamma * gae_lambda * not_done * next_advantage
-        advantages[:, t] = next_advantage
-        next_value = values[:, t]
+    not_done = 1.0 - dones
+    next_values = torch.cat([values[:, 1:], bootstrap_value[:, None]], 1)
+    deltas = rewards + gamma * next_values * not_done - values
+    if truncation_values is not None:
+        deltas = deltas + gamma * truncation_values
+    decays = gamma * gae_lambda * not_done
+    advantage, backwards = torch.zeros_like(bootstrap_value), []
+    for delta, decay in zip(deltas.unbind(1)[::-1], decays.unbind(1)[::-1], strict=True):
+        advantage = delta + decay * advantage  # the only step-by-step part: two operations
+        backwards.append(advantage)
+    advantages = torch.stack(backwards[::-1], 1)
     return advantages, advantages + values
 
 
@@ -184,7 +184,11 @@ def ppo_loss(
     taken, entropy = log_prob_and_entropy(policy, actions)
     log_ratio = taken - old_log_probs
     ratio = log_ratio.exp()
-    surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+    unclipped, clipped = ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages
+    # their minimum; at a tie the clipped one takes the whole gradient that torch.min would
+    # split between the two (the same: at a tie the ratio is within the clip or the
+    # advantage is 0)
+    surrogate = torch.where(unclipped < clipped, unclipped, clipped)
     k3 = (ratio - 1) - log_ratio  # the k3 estimator of KL: unbiased, >= 0
     return LossTerms(
         policy=-masked_mean(surrogate, mask),

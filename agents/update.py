@@ -22,6 +22,7 @@ from agents.losses import (
     ppo_loss,
 )
 from agents.rollout import Unroll
+from memory import MemoryState
 from training.distributed import DistInfo, all_reduce_mean
 from training.schedule import lr_fraction
 
@@ -37,6 +38,15 @@ def make_optimizer(agent: torch.nn.Module, name: str, lr: float) -> torch.optim.
     return torch.optim.Adam(
         agent.parameters(), lr=lr, eps=1e-5, amsgrad=name == "amsgrad", fused=True
     )
+
+
+def clip_gradients(parameters: list[torch.nn.Parameter], max_norm: float) -> None:
+    """Scales the gradients of ``parameters`` (on one device) down to a total 2-norm of at most
+    ``max_norm``: `torch.nn.utils.clip_grad_norm_`'s arithmetic, without its move of each
+    tensor's norm to the first one's device (an operation per parameter)."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))
+    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))
 
 
 def minibatches(batch_size: int, count: int, device: torch.device | str = "cpu") -> list:
@@ -95,6 +105,7 @@ class Learner:
         if compile_mode:  # static shapes: each padded length compiles once
             self.model = torch.compile(self.model, mode=compile_mode, dynamic=False)
         self.optimizer = make_optimizer(agent, cfg.optimizer, cfg.lr)
+        self.parameters = list(agent.parameters())
         self.anchor = PolicyAnchor(agent, cfg.anchor_from) if cfg.anchor_coef else None
 
     @property
@@ -118,6 +129,17 @@ class Learner:
             )
         return advantages, returns
 
+    def start_states(self, unroll: Unroll, indices: list) -> list:
+        """The memory each minibatch of ``indices`` starts from: the unroll's, selected for it
+        (a memory transformer's lengths read at once for the epoch), or padded to few shapes
+        for a compiled learner."""
+        start = unroll.start_state
+        if indices[0] is ALL and not self.fixed_shapes:
+            return [start]
+        if isinstance(start, MemoryState) and not self.fixed_shapes:
+            return start.minibatches(indices)
+        return [start.select(index, self.fixed_shapes) for index in indices]
+
     def update(self, unroll: Unroll, update: int) -> dict[str, float]:
         """Learns from ``unroll``, the ``update``-th (0-based); returns the means over its
         minibatches of the losses, the KL of its last epoch (PPO: KL(acting || current
@@ -133,14 +155,13 @@ class Learner:
             group["lr"] = cfg.lr * fraction
         if self.anchored:  # the anchor's policy on the whole unroll, once, from its own memory
             anchor_policy = self.anchor.policy(unroll.obs, unroll.starts, previous)
-        losses = dict.fromkeys(LOSS_KEYS, torch.zeros((), device=device))
+        losses = torch.zeros(len(LOSS_KEYS), device=device)  # summed without a sync
+        no_anchor = torch.zeros((), device=device)
         epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
         for _ in range(cfg.epochs):
             epochs_run, epoch_kl = epochs_run + 1, 0.0
-            for index in minibatches(unroll.rewards.shape[0], cfg.minibatches, device):
-                start = unroll.start_state
-                if index is not ALL or self.fixed_shapes:
-                    start = start.select(index, self.fixed_shapes)
+            indices = minibatches(unroll.rewards.shape[0], cfg.minibatches, device)
+            for index, start in zip(indices, self.start_states(unroll, indices), strict=True):
                 policy, values, out = self.model(
                     select_envs(unroll.obs, index),
                     start,
@@ -165,7 +186,7 @@ class Learner:
                     minibatch_mask,
                 )
                 loss = terms.total(cfg.value_coef, cfg.entropy_coef) + out.aux_loss
-                anchor_kl = torch.zeros((), device=device)
+                anchor_kl = no_anchor
                 if self.anchored:
                     reference = select_envs(anchor_policy, index)
                     anchor_kl = masked_mean(policy_kl(policy, reference), minibatch_mask)
@@ -173,17 +194,14 @@ class Learner:
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if cfg.max_grad_norm:
-                    torch.nn.utils.clip_grad_norm_(self.agent.parameters(), cfg.max_grad_norm)
+                    clip_gradients(self.parameters, cfg.max_grad_norm)
                 self.optimizer.step()
                 minibatches_run += 1
-                for key, value in zip(
-                    LOSS_KEYS,
-                    (terms.policy, terms.value, terms.entropy, out.aux_loss, anchor_kl),
-                    strict=True,
-                ):
-                    losses[key] = losses[key] + value.detach()  # summed without a sync
-                if terms.approx_kl is not None:
-                    epoch_kl += terms.approx_kl.detach() / cfg.minibatches  # no sync
+                with torch.no_grad():
+                    terms_of_loss = (terms.policy, terms.value, terms.entropy, out.aux_loss)
+                    losses += torch.stack((*terms_of_loss, anchor_kl))
+                if terms.approx_kl is not None:  # (no gradient)
+                    epoch_kl += terms.approx_kl / cfg.minibatches  # no sync
             # PPO: stop this unroll's epochs once the policy is target_kl away from the one
             # that acted (decided on the mean over ranks, so that all ranks stop together).
             target_kl = cfg.get("target_kl")
@@ -192,7 +210,10 @@ class Learner:
         # The observation statistics move after the update, so each unroll is normalised alike
         # by acting and learning.
         update_statistics(self.agent.encoder, unroll.obs)
-        means = {key: float(value) / minibatches_run for key, value in losses.items()}
+        means = {
+            key: value / minibatches_run
+            for key, value in zip(LOSS_KEYS, losses.tolist(), strict=True)
+        }
         means.update(approx_kl=float(epoch_kl), epochs=epochs_run)
         means[BEHAVIOUR_RATIO_ERROR] = ratio_error
         return means

@@ -12,10 +12,12 @@ from pathlib import Path
 
 import torch
 from torch.autograd import DeviceType
+from torch.overrides import TorchFunctionMode
 
 ROOT = Path(__file__).resolve().parents[1]
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 HOST_READ = "aten::_local_scalar_dense"  # a tensor's value read by the host (a GPU waits)
+FUSED_STEP = "aten::_fused_"  # a fused optimiser's step, which reads its step counters
 
 
 def synchronize(device: torch.device) -> None:
@@ -26,9 +28,10 @@ def synchronize(device: torch.device) -> None:
 
 def profile_parts(events, device: torch.device, parts: Sequence[str]) -> dict[str, dict]:
     """Per part (a `record_function` region named in ``parts``): the operations Python called,
-    the host reads of a tensor's value (each a wait for a GPU), the operations of the most
-    host time; on a GPU also the kernels launched and their device time, the host-device
-    copies and the waits for the GPU."""
+    the host reads of a tensor's value (each a wait for a GPU; those of a fused optimiser's
+    step, its step counters on a CPU, apart), the operations of the most host time; on a GPU
+    also the kernels launched and their device time, the host-device copies and the waits for
+    the GPU."""
     summary = {}
     host_events = [e for e in events if e.device_type == DeviceType.CPU]
     for part in parts:
@@ -42,9 +45,12 @@ def profile_parts(events, device: torch.device, parts: Sequence[str]) -> dict[st
         for event in ops:
             host[event.name] += event.cpu_time_total
             calls[event.name] += 1
+        reads = [e for e in inside if e.name == HOST_READ]
+        in_step = sum(inside_fused_step(e) for e in reads)
         summary[part] = {
             "ops": len(ops),
-            "host_reads": sum(e.name == HOST_READ for e in inside),
+            "host_reads": len(reads) - in_step,
+            "optimizer_step_reads": in_step,
             "top_host_ops": [
                 {"op": name, "host_ms": round(us / 1000, 2), "calls": calls[name]}
                 for name, us in host.most_common(8)
@@ -71,6 +77,27 @@ def not_nested_op(event) -> bool:
             return False
         parent = parent.cpu_parent
     return True
+
+
+def inside_fused_step(event) -> bool:
+    """Whether ``event`` ran inside a fused optimiser's step."""
+    parent = event.cpu_parent
+    while parent is not None and not parent.name.startswith(FUSED_STEP):
+        parent = parent.cpu_parent
+    return parent is not None
+
+
+class ListReads(TorchFunctionMode):
+    """Counts the tensors read whole by the host (`Tensor.tolist`), reads that a CPU's profile
+    lists as no operation (on a GPU: a copy to the host, which waits for it)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.count += getattr(func, "__name__", None) == "tolist"
+        return func(*args, **(kwargs or {}))
 
 
 def sync_sites(run: Callable[[], None]) -> dict[str, int]:

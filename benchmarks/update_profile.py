@@ -11,8 +11,10 @@ device is a GPU), and one with CUDA's synchronisation debugging on. Prints one J
 - ``steps_per_s`` and ``ms_per_update``: ``acting`` (the unroll: the agent, the envs, the
   buffers) and ``learner``;
 - per part, from the profiled update: ``ops`` (ATen operations Python called),
-  ``host_reads`` (tensor values read by the host, on a GPU each a wait for it) and
-  ``top_host_ops`` (those of the most host time, with their calls); on a GPU also
+  ``host_reads`` (tensor values read by the host, on a GPU each a wait for it, including the
+  tensors read whole, `tolist`), ``optimizer_step_reads`` (those of the fused optimiser's
+  step: its step counters, on a CPU) and ``top_host_ops`` (those of the most host time,
+  with their calls); on a GPU also
   ``launches`` (kernel launch calls), ``kernels`` and ``kernel_ms`` (the kernels run and
   their summed device time), ``copies`` (memory copies) and ``syncs`` (waits for the GPU);
 - ``sync_sites``: where in the project's code an operation waited for the GPU, with counts
@@ -31,9 +33,10 @@ import training  # noqa: F401  (first: it sets OpenMP's spin count, as for train
 
 import json
 import time
+from contextlib import nullcontext
 
 import torch
-from profiling import profile_parts, sync_sites, synchronize
+from profiling import ListReads, profile_parts, sync_sites, synchronize
 from torch.profiler import ProfilerActivity, profile, record_function
 from unroll_time import build_parts, run_arg_parser
 
@@ -53,16 +56,22 @@ def main() -> None:
     cfg, device, bootstrap_truncated = run.cfg, run.player.device, run.bootstrap_truncated
     index = 0
 
-    def run_update(seconds: dict[str, float] | None = None) -> None:
+    def run_update(seconds: dict[str, float] | None = None, lists: dict | None = None) -> None:
+        """One update; ``seconds``: each part's time added, ``lists``: each part's tensors
+        read whole (`ListReads`) set."""
         nonlocal index
+        counting = lists is not None
+        reads = {part: ListReads() if counting else nullcontext() for part in PARTS}
         start = time.perf_counter()
-        with record_function("acting"):
+        with record_function("acting"), reads["acting"]:
             collect_unroll(agent, player, unroll, SpanStats(), bootstrap_truncated)
             synchronize(device)
         middle = time.perf_counter()
-        with record_function("learner"):
+        with record_function("learner"), reads["learner"]:
             learner.update(unroll, index)
             synchronize(device)
+        if counting:
+            lists.update({part: counter.count for part, counter in reads.items()})
         if seconds is not None:
             seconds["acting"] += middle - start
             seconds["learner"] += time.perf_counter() - middle
@@ -76,8 +85,12 @@ def main() -> None:
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
+    lists = {}
     with profile(activities=activities) as profiled:
-        run_update()
+        run_update(lists=lists)
+    parts = profile_parts(profiled.events(), device, PARTS)
+    for part, count in lists.items():
+        parts[part]["host_reads"] += count
     result = {
         "overrides": args.overrides,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -86,7 +99,7 @@ def main() -> None:
         "steps_per_s": round(args.updates * cfg.num_envs * cfg.unroll_len / sum(seconds.values())),
         "ms_per_update": {part: round(s / args.updates * 1000, 1) for part, s in seconds.items()},
         "memory_size": round(unroll.memory_size, 1),
-        **profile_parts(profiled.events(), device, PARTS),
+        **parts,
     }
     if device.type == "cuda":
         result["sync_sites"] = sync_sites(run_update)

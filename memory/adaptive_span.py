@@ -22,6 +22,7 @@ class AdaptiveSpan(MemoryKind):
     """A learned span per head with the ramp mask and its L1 span loss."""
 
     name = "adaptive_span"
+    consecutive = True  # deleted by age (the longest head span) and episode only
     steps_in_buffer = True  # ``read`` only projects the spans; ``spans()`` clamps them anyway
 
     def __init__(self, cfg: MemoryConfig) -> None:
@@ -35,8 +36,10 @@ class AdaptiveSpan(MemoryKind):
         return self.max_span * self.span_fraction.clamp(0, 1)
 
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
-        start = 1 + (self.spans()[:, None] + relative[:, None, :]) / self.ramp  # (B, H, N)
-        return ramp_mask(start, offsets, self.ramp)  # (B, H, Q, N)
+        return ramp_mask(self.ramp_start(relative, span), offsets, self.ramp)  # (B, H, Q, N)
+
+    def ramp_start(self, relative: Tensor, span: Tensor | None) -> Tensor:
+        return 1 + (self.spans()[:, None] + relative[:, None, :]) / self.ramp  # (B, H, N)
 
     def loss(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         return self.coef * self.spans().mean()

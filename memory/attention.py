@@ -11,11 +11,16 @@ Relative position embeddings (Shaw et al. 2018) add q_t . p_{t-i} to the score, 
 for distances t - i < block_len (A.1): older memories get none, so the position term
 costs O(block_len) per query whatever the maximum span, and it depends only on t - i, so
 step mode and block mode agree.
+
+With gradients, one autograd Function (`Attend`) does a layer's attention: the scores, the
+position term, the masked softmax and the attended values, with a backward pass written for
+them. A layer's attention is a few matrix products and a dozen element-wise operations on a
+small model; recorded by autograd one by one (views included) and replayed as many again in
+the backward pass, their fixed cost per operation outweighed their arithmetic.
 """
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
 
 import torch
@@ -23,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from memory.config import MemoryConfig
+from memory.linear import Linear
 
 
 class Segment(NamedTuple):
@@ -33,25 +39,150 @@ class Segment(NamedTuple):
     log_mask: Tensor  # (B, 1 or H, Q, N): log m_ti, -inf where the query must not look
 
 
+class LogMask(torch.autograd.Function):
+    """log m, -inf where m = 0; its gradient 1 / m where m is at least the smallest normal
+    float and 0 elsewhere, so that a masked key passes no gradient back to its mask."""
+
+    @staticmethod
+    def forward(ctx, mask: Tensor) -> Tensor:
+        ctx.save_for_backward(mask)
+        return mask.log()
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (mask,) = ctx.saved_tensors
+        return torch.where(mask >= torch.finfo(mask.dtype).tiny, grad / mask, 0.0)
+
+
 def log_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     """log m for the softmax (eq. 4); -inf where m = 0, with a finite gradient elsewhere."""
     if mask.dtype == torch.bool:
-        return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
-            ~mask, -math.inf
-        )
-    if not mask.requires_grad:
-        return mask.log()
-    tiny = torch.finfo(mask.dtype).tiny
-    return torch.where(mask > 0, mask.clamp_min(tiny).log(), -math.inf)
+        return mask.to(dtype).log()
+    return LogMask.apply(mask) if mask.requires_grad else mask.log()
 
 
-def split(segment: Segment, at: int) -> list[Segment]:
-    """The segment's keys before ``at`` and from ``at`` on, as two segments."""
-    keys, values, log_m = segment
-    return [
-        Segment(keys[..., :at], values[:, :, :at], log_m[..., :at]),
-        Segment(keys[..., at:], values[:, :, at:], log_m[..., at:]),
-    ]
+def position_table(position: Tensor) -> Tensor:
+    """The embeddings p_d (H, reach, head_dim) from the longest distance down to 0, between
+    two zero rows: row reach - d holds p_d, row 0 stands for every distance >= reach and the
+    last row for keys after the query; neither gets a term."""
+    return F.pad(position.flip(1), (0, 0, 1, 1))
+
+
+class PositionWindow:
+    """The keys that get a position term (A.1): the last ``width`` keys of a call. Each key's
+    term q_t . p_{t-i} is looked up in the products of the queries with `position_table`
+    (B, H, Q, reach + 2): by skewing them where the window's keys are the consecutive time
+    steps ending with the last query (``window`` None), else by each key's distance from
+    each query (``window`` (B, width): first query - i)."""
+
+    def __init__(
+        self, width: int, window: Tensor | None, heads: int, queries: int, reach: int
+    ) -> None:
+        self.width, self.reach = width, reach
+        self.index = None
+        if window is not None:  # the column reach - (t - i), clamped to the zero rows
+            ahead = torch.arange(reach, reach - queries, -1, device=window.device).view(-1, 1)
+            index = (ahead - window.view(-1, 1, 1, width)).clamp(0, reach + 1)
+            self.index = index.expand(-1, heads, -1, -1)  # (B, H, Q, width)
+
+    def term(self, products: Tensor) -> Tensor:
+        """q_t . p_{t-i} (B, H, Q, width), 0 where t - i >= reach or i > t."""
+        if self.index is not None:
+            return products.gather(-1, self.index)
+        # row q shifted right by q: column c then holds the key at time first - reach + 1 + c
+        batch, heads, queries, _ = products.shape
+        columns = self.reach - 1 + queries
+        by_time = F.pad(products[..., 1:], (0, queries - 1)).flatten(2)
+        by_time = by_time[..., : queries * columns].view(batch, heads, queries, columns)
+        return by_time[..., columns - self.width :]
+
+    def gradient(self, grad: Tensor) -> Tensor:
+        """The gradient of the products (B, H, Q, reach + 2) from that of the term."""
+        batch, heads, queries, _ = grad.shape
+        if self.index is not None:
+            products = grad.new_zeros(batch, heads, queries, self.reach + 2)
+            return products.scatter_add_(-1, self.index, grad)
+        columns = self.reach - 1 + queries
+        by_time = F.pad(grad, (columns - self.width, 0)).flatten(2)
+        by_offset = F.pad(by_time, (0, queries)).view(batch, heads, queries, self.reach + queries)
+        return F.pad(by_offset[..., : self.reach + 1], (1, 0))
+
+
+def attend(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    log_m: Tensor,
+    position: Tensor,
+    window: PositionWindow,
+    dropout: float,
+) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    """The attended values (B, Q, H * head_dim) and the weights (B, H, Q, N) of queries q
+    (B, H, Q, head_dim) over keys (B, H, head_dim, N) and values (B, H, N, head_dim) with the
+    log mask (B, 1 or H, Q, N); and, for `Attend`'s backward pass, the scaled queries, the
+    position table and the dropout's noise (None without dropout)."""
+    batch, heads, length, head_dim = q.shape
+    q = q * head_dim**-0.5
+    scores = torch.matmul(q, keys)
+    scores += log_m
+    table = position_table(position)
+    near = scores[..., scores.shape[-1] - window.width :]
+    near += window.term(torch.matmul(q, table.mT))
+    weights = torch.softmax(scores, -1)  # eq. 4 through the log mask
+    noise, attended = None, weights
+    if dropout > 0:  # (drawn as nn.Dropout draws it)
+        noise = torch.empty_like(weights).bernoulli_(1 - dropout).div_(1 - dropout)
+        attended = weights * noise
+    out = torch.einsum("bhqn,bhnd->bqhd", attended, values).reshape(batch, length, -1)
+    return out, weights, q, table, noise
+
+
+class Attend(torch.autograd.Function):
+    """`attend` and its backward pass: from the weights, the scaled queries and the position
+    lookup it keeps, about twenty operations give the gradients of the queries, keys,
+    values, log mask and position embeddings."""
+
+    @staticmethod
+    def forward(
+        ctx,
+        q: Tensor,
+        keys: Tensor,
+        values: Tensor,
+        log_m: Tensor,
+        position: Tensor,
+        window: PositionWindow,
+        dropout: float,
+    ) -> tuple[Tensor, Tensor]:
+        out, weights, q, table, noise = attend(q, keys, values, log_m, position, window, dropout)
+        ctx.save_for_backward(q, keys, values, weights, table, noise)
+        ctx.window, ctx.mask_shape = window, log_m.shape
+        ctx.mark_non_differentiable(weights)
+        ctx.set_materialize_grads(False)  # (no zeros made for the weights' gradient)
+        return out, weights
+
+    @staticmethod
+    def backward(ctx, grad: Tensor, _: None) -> tuple[Tensor | None, ...]:
+        q, keys, values, weights, table, noise = ctx.saved_tensors
+        batch, heads, length, head_dim = q.shape
+        window = ctx.window
+        grad = grad.view(batch, length, heads, head_dim)
+        attended = weights if noise is None else weights * noise
+        d_attended = torch.einsum("bqhd,bhnd->bhqn", grad, values)
+        if noise is not None:
+            d_attended *= noise
+        d_scores = torch._softmax_backward_data(d_attended, weights, -1, weights.dtype)
+        d_products = window.gradient(d_scores[..., d_scores.shape[-1] - window.width :])
+        d_q = torch.einsum("bhqn,bhdn->bhqd", d_scores, keys)
+        d_q += torch.matmul(d_products, table)
+        d_q *= head_dim**-0.5
+        d_keys = torch.einsum("bhqd,bhqn->bhdn", q, d_scores)
+        d_values = torch.einsum("bhqn,bqhd->bhnd", attended, grad)
+        d_log_m = d_scores.sum_to_size(ctx.mask_shape) if ctx.needs_input_grad[3] else None
+        d_position = None
+        if ctx.needs_input_grad[4]:  # rows reach .. 1 of the table: p_0 .. p_{reach-1}
+            d_table = torch.einsum("bhqr,bhqd->hrd", d_products, q)
+            d_position = d_table[:, 1 : window.reach + 1].flip(1)
+        return d_q, d_keys, d_values, d_log_m, d_position, None, None
 
 
 class MemoryAttention(nn.Module):
@@ -62,22 +193,18 @@ class MemoryAttention(nn.Module):
         self.dim = cfg.dim
         self.heads = cfg.num_heads
         self.head_dim = cfg.head_dim
-        self.scale = self.head_dim**-0.5
-        self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)  # eq. 1: q, k, v = W_q h, W_k h, W_v h
-        self.out = nn.Linear(cfg.dim, cfg.dim)  # eq. 2: W_o
+        self.qkv = Linear(cfg.dim, 3 * cfg.dim)  # eq. 1: q, k, v = W_q h, W_k h, W_v h
+        self.out = Linear(cfg.dim, cfg.dim)  # eq. 2: W_o
         # p_d for distances d = 0 .. block_len-1, one set per head (A.1)
         self.position = nn.Parameter(0.02 * torch.randn(cfg.num_heads, cfg.block_len, cfg.head_dim))
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = cfg.dropout
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, Q, hd), keys (B, H, hd, Q) and values (B, H, Q, hd) of x (B, Q, dim)."""
         batch, length, _ = x.shape
         qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim)
-        return (
-            qkv[:, :, 0].transpose(1, 2),
-            qkv[:, :, 1].permute(0, 2, 3, 1),
-            qkv[:, :, 2].transpose(1, 2),
-        )
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        return q, k.mT, v
 
     def key_value(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
         """Keys (B, H, hd, N) and values (B, H, N, hd) of memories (B, N, dim), current weights."""
@@ -102,56 +229,23 @@ class MemoryAttention(nn.Module):
         (B, width) gives their distance from the first query, first - i; None means they are
         exactly the consecutive time steps ending with the last query.
         """
-        batch, heads, length, _ = q.shape
-        q = q * self.scale
-        older = segments[-1].values.shape[2] - width
-        if older and torch.is_grad_enabled():  # no in-place writes into autograd's tensors
-            segments = segments[:-1] + split(segments[-1], older)
-            older = 0
-        scores = []
-        for segment in segments:
-            s = torch.matmul(q, segment.keys)
-            s += segment.log_mask
-            scores.append(s)
-        position = self.position_term(q, width, window)
-        if older:  # only without autograd
-            scores[-1][..., older:] += position
-        else:  # not through a view, which autograd would copy whole in the backward pass
-            scores[-1] += position
-        weights = scores[0] if len(scores) == 1 else torch.cat(scores, -1)
-        weights = torch.softmax(weights, -1)  # eq. 4 through the log mask
-        kept = weights.detach() if keep_weights else None
-        if self.dropout.p > 0:
-            weights = self.dropout(weights)
-        if len(segments) == 1:
-            out = torch.matmul(weights, segments[0].values)
-        else:
-            parts = weights.split([s.values.shape[2] for s in segments], -1)
-            out = sum(torch.matmul(w, s.values) for w, s in zip(parts, segments, strict=True))
-        out = out.transpose(1, 2).reshape(batch, length, heads * self.head_dim)
-        return self.out(out), kept
+        keys, values, log_m = segments[0] if len(segments) == 1 else joined(segments)
+        window = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
+        dropout = self.dropout if self.training else 0.0
+        inputs = (q, keys, values, log_m, self.position, window, dropout)
+        if torch.is_grad_enabled():
+            attended, weights = Attend.apply(*inputs)
+        else:  # (plain operations, which torch.export traces for compiled acting)
+            attended, weights = attend(*inputs)[:2]
+        return self.out(attended), weights if keep_weights else None
 
     def position_term(self, q: Tensor, width: int, window: Tensor | None) -> Tensor:
         """q_t . p_{t-i} for the last ``width`` keys, 0 where t - i >= block_len (A.1)."""
-        batch, heads, length, head_dim = q.shape
-        reach = self.position.shape[1]
-        queries = q.transpose(0, 1).reshape(heads, batch * length, head_dim)  # no broadcast copy
-        if length == 1:  # step mode: look the distance up directly
-            by_distance = torch.bmm(queries, self.position.transpose(1, 2))
-            by_distance = by_distance.view(heads, batch, 1, reach).transpose(0, 1)
-            index = window.clamp(max=reach - 1)[:, None, None, :].expand(batch, heads, 1, width)
-            term = by_distance.gather(-1, index)
-            return term.masked_fill_((window >= reach)[:, None, None, :], 0.0)  # no embedding
-        # block mode: by_time[q, c] = q_t . p_{t-i} for the key i at time (first - reach + 1 + c),
-        # by skewing the products with the reversed table: row q shifted right by q
-        columns = reach - 1 + length
-        by_offset = torch.bmm(queries, self.position.flip(1).transpose(1, 2))
-        by_offset = by_offset.view(heads, batch, length, reach).transpose(0, 1)
-        by_time = F.pad(by_offset, (0, length)).flatten(2)[..., : length * columns]
-        by_time = by_time.view(batch, heads, length, columns)
-        if window is None:  # the window's keys are the last ``width`` time steps
-            return by_time if width == columns else by_time[..., columns - width :]
-        # a hole in the window: look every key up by its distance from the first query
-        by_time = F.pad(by_time, (1, 0))  # column 0: keys without a position embedding
-        index = (reach - window).clamp_min(0)[:, None, None, :].expand(batch, heads, length, width)
-        return by_time.gather(-1, index)
+        lookup = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
+        return lookup.term(torch.matmul(q, position_table(self.position).mT))
+
+
+def joined(segments: list[Segment]) -> Segment:
+    """The segments' keys as one segment, in order."""
+    keys, values, log_masks = zip(*segments, strict=True)
+    return Segment(torch.cat(keys, -1), torch.cat(values, 2), torch.cat(log_masks, -1))

@@ -38,6 +38,7 @@ class Compressive(MemoryKind):
     memory keeps as ``compressed`` (position: the time index of a group's first memory)."""
 
     name = "compressive"
+    consecutive = True  # its recent memories: a FIFO
 
     def __init__(self, cfg: MemoryConfig) -> None:
         super().__init__(cfg)
@@ -69,8 +70,8 @@ class Compressive(MemoryKind):
         alive = self.alive_compressed(older, time, begin)
         return {**super().needed(memory, time, begin), "compressed": alive}
 
-    def read(self, attention: MemoryAttention, memory: LayerMemory, new: Slots, call: Call) -> Read:
-        recent, kept = self.extend(attention, memory, "recent", new, call, self.alive)
+    def read(self, attention: MemoryAttention, memory: LayerMemory, x: Tensor, call: Call) -> Read:
+        queries, recent, kept = self.extend_recent(attention, memory, x, call)
         pooled = self.compress(attention, recent, call)
         older, compressed = self.extend(
             attention, memory, "compressed", pooled, call, self.alive_compressed
@@ -94,7 +95,7 @@ class Compressive(MemoryKind):
         width, window = self.window_of(recent.position, call)
         zero = torch.zeros((), dtype=call.dtype, device=count.device)
         after = memory.replace(recent=kept, compressed=compressed) if call.next_state else None
-        return Read(segments, width, window, zero, count, after)
+        return Read(queries, segments, width, window, zero, count, after)
 
     def compress(self, attention: MemoryAttention, recent: Slots, call: Call) -> Slots:
         """The groups that leave the FIFO during this call, pooled: one candidate per query.

@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, ramp_mask
+from memory.linear import Linear
 from memory.store import Slots
 
 
@@ -32,7 +33,7 @@ class SpanPredictor(nn.Module):
         super().__init__()
         self.max_span = cfg.max_span
         self.divisor = cfg.ramp if cfg.scaled_span else 1.0
-        self.linear = nn.Linear(cfg.dim, 1)
+        self.linear = Linear(cfg.dim, 1)
         # A.1: start with small spans: w = 0 and e_i = init_span_fraction * L for every memory
         nn.init.zeros_(self.linear.weight)
         p = cfg.init_span_fraction
@@ -57,7 +58,12 @@ def expire_mask(relative: Tensor, span: Tensor, offsets: Tensor | None, ramp: fl
 
     Memories at i = s + relative (B, N) with spans e_i (B, N), queries at t = s + offsets
     (Q,) (None: t = s); returns (B, Q, N)."""
-    return ramp_mask(1 + (span + relative) / ramp, offsets, ramp)
+    return ramp_mask(expire_start(relative, span, ramp), offsets, ramp)
+
+
+def expire_start(relative: Tensor, span: Tensor, ramp: float) -> Tensor:
+    """1 + r_i / R for the query at s, remaining span r_i = e_i + relative_i (eq. 5)."""
+    return 1 + (span + relative) / ramp
 
 
 def attended_span_loss(
@@ -78,7 +84,7 @@ def attended_span_loss(
     queries at ``query_position`` (B, Q)."""
     relied_on = weights.amax(1) > threshold  # (B, Q, N)
     age = (query_position[:, :, None] - position[:, None, :]).to(span.dtype)
-    oldest = torch.where(relied_on, age, torch.zeros_like(age)).amax(1)
+    oldest = (age * relied_on).amax(1)  # (0 where none relied on it)
     return ((1 + margin) * oldest - span).clamp_min(0).sum()
 
 
@@ -88,8 +94,8 @@ def expire_span_loss(mask: Tensor, span: Tensor, ramp: float, coef: float) -> Te
     ``mask`` (B, T, N) is m_ti (0 for keys a query must not see), ``span`` (B, N) is e_i.
     """
     batch, queries, _ = mask.shape
-    on_ramp = (mask > 0) & (mask < 1)
-    return (on_ramp * span[:, None, :]).sum() * (coef / (ramp * queries * batch))
+    on_ramp = ((mask > 0) & (mask < 1)).sum(1)  # queries with memory i on its ramp, (B, N)
+    return (on_ramp * span).sum() * (coef / (ramp * queries * batch))
 
 
 class ExpireSpan(MemoryKind):
@@ -114,6 +120,9 @@ class ExpireSpan(MemoryKind):
 
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
         return expire_mask(relative, span, offsets, self.ramp)
+
+    def ramp_start(self, relative: Tensor, span: Tensor | None) -> Tensor:
+        return expire_start(relative, span, self.ramp)
 
     def attention_loss(self, weights: Tensor, slots: Slots, call: Call) -> Tensor:
         shortfall = attended_span_loss(

@@ -12,9 +12,11 @@ as t grows) and is deleted (``alive``).
 from __future__ import annotations
 
 import importlib
+import math
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, NamedTuple
 
 import torch
@@ -69,17 +71,26 @@ class Call:
     def next_begin(self) -> Tensor:
         return self.query_begin[:, -1]
 
+    @cached_property
+    def columns(self) -> tuple[Tensor, Tensor]:
+        """The queries' episode begins and time indices as columns (B, Q, 1) against the keys'
+        rows: made once a call, for every layer."""
+        return self.query_begin[:, :, None], self.positions[:, :, None]
+
     def visible(self, position: Tensor) -> Tensor:
         """Whether query t may see memory i at all: same episode and i <= t, (B, Q, N)."""
-        visible = position[:, None, :] >= self.query_begin[:, :, None]
+        begin, time = self.columns
+        position = position[:, None, :]
+        visible = position >= begin
         if self.num_queries > 1:
-            visible &= position[:, None, :] <= self.positions[:, :, None]
+            visible &= position <= time
         return visible
 
 
 class Read(NamedTuple):
     """What a layer's memory gives its attention for one call."""
 
+    queries: Tensor  # (B, H, Q, head_dim): the queries of the call's steps
     segments: list[Segment]  # attended to jointly; the last one ends with the position window
     width: int  # keys in the position window (see MemoryAttention.forward)
     window: Tensor | None  # their time offsets, or None when consecutive
@@ -91,9 +102,55 @@ class Read(NamedTuple):
 
 def ramp_mask(start: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
     """clamp(start_i - offset_t / R, 0, 1) for every query offset: (..., Q, N) from (..., N)."""
+    return ramp_argument(start, offsets, ramp).clamp(0, 1)
+
+
+def ramp_argument(start: Tensor, offsets: Tensor | None, ramp: float) -> Tensor:
+    """start_i - offset_t / R, what `ramp_mask` clamps."""
     if offsets is None:
-        return start[..., None, :].clamp(0, 1)
-    return (start[..., None, :] - (offsets / ramp)[:, None]).clamp(0, 1)
+        return start[..., None, :]
+    return start[..., None, :] - (offsets / ramp)[:, None]
+
+
+def ramp_log_mask(
+    start: Tensor, offsets: Tensor | None, ramp: float, visible: Tensor
+) -> tuple[Tensor, Tensor]:
+    """log m_ti and m_ti of a ramp mask: `ramp_mask` where query t may see memory i
+    (``visible`` (B, Q, N)), 0 elsewhere; through `RampLogMask` where gradients reach
+    ``start``, and m_ti then carries none."""
+    if torch.is_grad_enabled() and start.requires_grad:
+        return RampLogMask.apply(start, offsets, ramp, visible)
+    return _ramp_log_mask(start, offsets, ramp, visible)[:2]
+
+
+def _ramp_log_mask(
+    start: Tensor, offsets: Tensor | None, ramp: float, visible: Tensor
+) -> tuple[Tensor, Tensor, Tensor]:
+    argument = ramp_argument(start, offsets, ramp)
+    m = argument.clamp(0, 1) * (visible if argument.dim() == 3 else visible[:, None])
+    return m.log(), m, argument
+
+
+class RampLogMask(torch.autograd.Function):
+    """`ramp_log_mask` in one node, whose backward passes d log m / d m = 1 / m to start_i
+    where the ramp is on it (0 < m <= 1 unclamped): what the clamp, the visibility's product
+    and the log would pass back in a node each."""
+
+    @staticmethod
+    def forward(
+        ctx, start: Tensor, offsets: Tensor | None, ramp: float, visible: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        log_m, m, argument = _ramp_log_mask(start, offsets, ramp, visible)
+        ctx.save_for_backward(argument, m)
+        ctx.mark_non_differentiable(m)
+        ctx.set_materialize_grads(False)
+        return log_m, m
+
+    @staticmethod
+    def backward(ctx, d_log: Tensor, _: None) -> tuple[Tensor | None, ...]:
+        argument, m = ctx.saved_tensors
+        on_ramp = (m >= torch.finfo(m.dtype).tiny) & (argument <= 1)
+        return torch.where(on_ramp, d_log / m, 0.0).sum(-2), None, None, None
 
 
 class MemoryKind(nn.Module):
@@ -107,6 +164,9 @@ class MemoryKind(nn.Module):
     name: str  # the kind's name in MemoryConfig.kind
     stores_span = False  # a span per memory (``span``) is stored with it
     learns_from_attention = False  # ``attention_loss`` is taken in training
+    # the memories of ``recent`` are always consecutive time steps (or invisible ones): deleted
+    # by age and episode only, never one from between two kept ones (``window_of``)
+    consecutive = False
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)
@@ -134,6 +194,12 @@ class MemoryKind(nn.Module):
     ) -> LayerMemory:
         """An empty memory of this layer for ``batch`` sequences."""
         return LayerMemory(recent=self.empty_store(batch, device, dtype, self.stores_span))
+
+    def ramp_start(self, relative: Tensor, span: Tensor | None) -> Tensor | None:
+        """For a mask that is a ramp, `ramp_mask` of ``start`` over ``cfg.ramp`` steps: start_i
+        of memories at i = s + relative (B, N) with spans ``span``, (B, N) or per head
+        (B, H, N); None for another mask (the default)."""
+        return None
 
     def span(self, hidden: Tensor) -> Tensor | None:
         """Per-memory value computed when a memory is written (Expire-Span's e_i), for
@@ -175,46 +241,57 @@ class MemoryKind(nn.Module):
         cfg = self.cfg
         return SlotStore.empty(batch, cfg.dim, cfg.num_heads, with_span, device, dtype)
 
-    def read(self, attention: MemoryAttention, memory: LayerMemory, new: Slots, call: Call) -> Read:
-        """What the layer's memory gives the attention of ``call``, whose new memories are
-        ``new``, and the layer's memory after the call."""
-        slots, recent = self.extend(attention, memory, "recent", new, call, self.alive)
-        m, count = self.visible_mask(slots, call)
+    def read(self, attention: MemoryAttention, memory: LayerMemory, x: Tensor, call: Call) -> Read:
+        """What the layer's memory gives the attention of ``call``, whose steps write the
+        memories ``x`` (B, Q, dim), and the layer's memory after the call."""
+        queries, slots, recent = self.extend_recent(attention, memory, x, call)
+        m, count, log_m = self.visible_mask(slots, call)
         if call.recompute and m.dtype != torch.bool:  # a loss to train on: only with gradients
             aux_loss = self.loss(m, slots, call)
         else:
             aux_loss = torch.zeros((), dtype=call.dtype, device=m.device)
-        segment = self.segment(self.restrict(m, slots, call), slots, call)
+        segment = self.segment(m, log_m, slots, call)
         if not call.in_place and call.next_state:
             recent = self.delete(slots, call, self.alive)
         after = memory.replace(recent=recent) if call.next_state else None
         window = self.window_of(slots.position, call)
-        return Read([segment], *window, aux_loss, count, after, slots)
+        return Read(queries, [segment], *window, aux_loss, count, after, slots)
 
     def read_buffer(self, buffer: Slots, call: Call) -> tuple[Segment, Tensor]:
         """Step mode without gradients (``steps_in_buffer``), after the step's memory was
         written into the ``recent`` store's buffer: the whole buffer as one segment, its
         empty and dead slots masked, and the count of ``Read``."""
-        m, count = self.visible_mask(buffer, call)
-        return self.segment(self.restrict(m, buffer, call), buffer, call), count
+        m, count, log_m = self.visible_mask(buffer, call)
+        return self.segment(m, log_m, buffer, call), count
 
-    def visible_mask(self, slots: Slots, call: Call) -> tuple[Tensor, Tensor]:
+    def visible_mask(self, slots: Slots, call: Call) -> tuple[Tensor, Tensor, Tensor | None]:
         """m_ti of the call's queries for ``slots``, 0 where a query may not see a memory at
-        all, and how many are > 0 (per-head masks: the mean over heads)."""
-        m = self.mask((slots.position - call.start).to(call.dtype), slots.span, call.offsets)
+        all; how many are > 0 (per-head masks: the mean over heads); and for a ramp mask
+        (``ramp_start``) its log, which `ramp_log_mask` computes with it (m_ti then carries no
+        gradient: the log does), else None."""
+        relative = (slots.position - call.start).to(call.dtype)
         visible = call.visible(slots.position)
-        if m.dim() == 4:
-            visible = visible[:, None]
-        m = m & visible if m.dtype == torch.bool else m * visible
+        start = self.ramp_start(relative, slots.span)
+        if start is None:
+            m, log_m = self.mask(relative, slots.span, call.offsets), None
+            visible = visible[:, None] if m.dim() == 4 else visible
+            m = m & visible if m.dtype == torch.bool else m * visible
+        else:
+            log_m, m = ramp_log_mask(start, call.offsets, self.cfg.ramp, visible)
         count = torch.count_nonzero(m)
         if m.dim() == 4:
             count = count / m.shape[1]
-        return m, count
+        return m, count, log_m
 
-    def segment(self, m: Tensor, slots: Slots, call: Call) -> Segment:
-        """The keys and values of ``slots`` with the attention's log mask for ``m``."""
-        m = m if m.dim() == 4 else m[:, None]
-        return Segment(slots.keys, slots.values, log_mask(m, call.dtype))
+    def segment(self, m: Tensor, log_m: Tensor | None, slots: Slots, call: Call) -> Segment:
+        """The keys and values of ``slots`` with the attention's log mask for ``m`` as the
+        call restricts it (``restrict``); ``log_m``: log m where `visible_mask` gave it."""
+        restricted = self.restrict(m, slots, call)
+        if log_m is None:
+            log_m = log_mask(restricted, call.dtype)
+        elif restricted is not m:  # (keys hidden from this call)
+            log_m = log_m.masked_fill(restricted == 0, -math.inf)
+        return Segment(slots.keys, slots.values, log_m if log_m.dim() == 4 else log_m[:, None])
 
     def with_room(self, memory: LayerMemory, time: int, begin: Tensor) -> LayerMemory:
         """The memory with room in its ``recent`` store for the memory of a step at ``time``
@@ -264,6 +341,31 @@ class MemoryKind(nn.Module):
             m = m.amax(1)
         return (m[:, 0] > 0) & (slots.position >= begin[:, None])
 
+    def written(self, attention: MemoryAttention, x: Tensor, call: Call) -> tuple[Tensor, Slots]:
+        """The queries of the call's steps and the memories they write, ``x`` (B, Q, dim) with
+        their keys, values and spans (where stored)."""
+        queries, keys, values = attention.project(x)
+        return queries, Slots(x, keys, values, call.positions, self.span(x))
+
+    def extend_recent(
+        self, attention: MemoryAttention, memory: LayerMemory, x: Tensor, call: Call
+    ) -> tuple[Tensor, Slots, SlotStore]:
+        """The queries of the call's steps, the memories of the ``recent`` store followed by
+        theirs (``x``, (B, Q, dim)) as the call's keys see them, and the store (written in
+        place in step mode without gradients)."""
+        store = memory["recent"]
+        if call.recompute:  # one projection of every memory and step, with the live weights,
+            # so that gradients reach W_k, W_v and the span predictor through them all
+            old = store.view()
+            hidden = torch.cat([old.hidden, x], 1)
+            queries, keys, values = attention.project(hidden)
+            position = torch.cat([old.position, call.positions], 1)
+            span = self.span(hidden) if self.stores_span else None
+            return queries[:, :, old.length :], Slots(hidden, keys, values, position, span), store
+        queries, new = self.written(attention, x, call)
+        slots, store = self.extend(attention, memory, "recent", new, call, self.alive)
+        return queries, slots, store
+
     def extend(
         self,
         attention: MemoryAttention,
@@ -301,15 +403,9 @@ class MemoryKind(nn.Module):
     def window_of(self, position: Tensor, call: Call) -> tuple[int, Tensor | None]:
         """The keys that can get a position term (A.1): the last ``block_len - 1`` memories
         before the call and the call's own steps. Memories are sorted by time, so no older
-        one can be closer than block_len to a query."""
+        one can be closer than block_len to a query. Where they are consecutive
+        (``consecutive``), their terms are found by position, else by each one's distance."""
         width = min(position.shape[1], self.window + call.num_queries)
-        position = position[:, position.shape[1] - width :]
-        # worth checking for the cheaper case without holes where reading the check's answer
-        # costs nothing: on a CPU, and not where a GPU would wait or a compiled region break
-        # (a call of fixed shapes is meant to be compiled)
-        cheap = position.is_cpu and not (call.fixed_shapes or torch.compiler.is_compiling())
-        if call.num_queries > 1 and cheap:
-            expected = torch.arange(call.next_time - width, call.next_time, device=position.device)
-            if bool(((position == expected) | (position < call.memory_begin[:, None])).all()):
-                return width, None  # (invisible keys may hold anything)
-        return width, call.start - position
+        if self.consecutive and call.num_queries > 1:
+            return width, None  # (invisible keys may hold anything)
+        return width, call.start - position[:, position.shape[1] - width :]

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import NamedTuple
 
 import torch
@@ -127,6 +128,8 @@ class SlotStore:
         return self.buffer.position.shape[1]
 
     def view(self) -> Slots:
+        if self.length == self.capacity:  # (no views to make)
+            return self.buffer
         return self.buffer.narrow(0, self.length)
 
     def can_append(self, n: int) -> bool:
@@ -143,6 +146,26 @@ class SlotStore:
         return SlotStore(
             *compacted(view, alive(view), lambda kept: max(n, MIN_SPARE_SLOTS, kept // 2))
         )
+
+    def selected(self, index: Tensor | slice, filled: Filled | None = None) -> SlotStore:
+        """The slots of the batch elements ``index`` without the empty ones, compacted; with
+        what is known of how they fill the store (``filled``), without reading anything back
+        from the device: where each one's filled slots are its last ones, the store's last
+        ``filled.length`` slots."""
+        if filled is not None and not filled.gaps:
+            last = self.buffer.narrow(self.length - filled.length, filled.length)
+            return SlotStore.of(Slots(*(None if t is None else t[index] for t in last)))
+        slots = Slots(*(None if t is None else t[index] for t in self.view()))
+        length = None if filled is None else filled.length
+        return SlotStore.of(compacted(slots, slots.position != EMPTY, length=length)[0])
+
+    def filled(self) -> Tensor:
+        """(2, B): how many slots each batch element fills, and how many empty slots sit
+        between its filled ones (none where compaction and appending keep them its last
+        slots; Compressive's candidates are empty where no group was due)."""
+        filled = self.buffer.position.narrow(1, 0, self.length) != EMPTY
+        count = filled.sum(1)
+        return torch.stack([count, (filled.cumsum(1) > 0).sum(1) - count])
 
     def padded(self, index: Tensor | slice, length: int) -> SlotStore:
         """The slots of the batch elements ``index`` in a new buffer of ``length`` slots, with
@@ -168,6 +191,13 @@ class SlotStore:
         """The store with ``n`` more slots, already written into its buffer after the last."""
         self._written[0] = self.length + n
         return SlotStore(self.buffer, self.length + n, self._written)
+
+
+class Filled(NamedTuple):
+    """How the batch elements of a selection fill a store (`SlotStore.filled`)."""
+
+    length: int  # the most slots one of them fills
+    gaps: bool  # whether empty slots sit between one's filled ones
 
 
 def padded_length(length: int) -> int:
@@ -281,18 +311,27 @@ class LayerMemory:
     def stores(self) -> list[SlotStore]:
         return [part for part in self.parts.values() if isinstance(part, SlotStore)]
 
+    def filled(self) -> dict[str, Tensor]:
+        """Per store, how each batch element fills it (`SlotStore.filled`), (2, B)."""
+        return {
+            name: part.filled() for name, part in self.parts.items() if isinstance(part, SlotStore)
+        }
+
     def select(
-        self, index: Tensor | slice, lengths: Mapping[str, int] | None = None
+        self,
+        index: Tensor | slice,
+        lengths: Mapping[str, int] | None = None,
+        filled: Mapping[str, Filled] | None = None,
     ) -> LayerMemory:
-        """The memories of the batch elements ``index``; with ``lengths``, each store padded
-        to the length given for its part (`SlotStore.padded`) instead of compacted."""
+        """The memories of the batch elements ``index``, each store compacted (knowing how
+        they fill it where ``filled`` says, `SlotStore.selected`); with ``lengths``, padded
+        to the length given for its part instead (`SlotStore.padded`)."""
 
         def pick(name: str, part: Part) -> Part:
             if isinstance(part, SlotStore) and lengths is not None:
                 return part.padded(index, lengths[name])
             if isinstance(part, SlotStore):
-                slots = Slots(*(None if t is None else t[index] for t in part.view()))
-                return SlotStore.of(slots.survivors(slots.position != EMPTY))
+                return part.selected(index, None if filled is None else filled[name])
             return part[index]
 
         return LayerMemory(**{name: pick(name, part) for name, part in self.parts.items()})
@@ -409,6 +448,32 @@ class MemoryState:
         layers = tuple(layer.select(index, lengths) for layer in self.layers)
         time = torch.as_tensor(self.time, device=self.device) if fixed_shapes else self.time
         return MemoryState(time, self.episode_begin[index], layers)
+
+    @cached_property
+    def filled(self) -> tuple[list[dict[str, Tensor]], Tensor]:
+        """How the batch elements fill each store of each layer (`SlotStore.filled`), and all
+        of it as one tensor (2 x stores, B): what `minibatches` selects by, made once (a
+        learner selects from one state every epoch)."""
+        filled = [layer.filled() for layer in self.layers]
+        return filled, torch.cat([part for parts in filled for part in parts.values()])
+
+    def minibatches(self, indices: Sequence[Tensor]) -> list[MemoryState]:
+        """The memories of each set of batch elements in ``indices`` (a learner's minibatches),
+        as `select` compacts them, with how they fill every store read from the device at
+        once: a minibatch then waits for nothing on a GPU."""
+        filled, stores = self.filled
+        read = torch.stack([stores[:, index].amax(1) for index in indices]).tolist()  # the one
+        selected = []
+        for index, most in zip(indices, read, strict=True):
+            most = iter(most)  # per store: the most slots filled, the most empty ones between
+            layers = tuple(
+                layer.select(
+                    index, filled={name: Filled(next(most), next(most) > 0) for name in parts}
+                )
+                for layer, parts in zip(self.layers, filled, strict=True)
+            )
+            selected.append(MemoryState(self.time, self.episode_begin[index], layers))
+        return selected
 
     def state_dict(self, needed: Sequence[Mapping[str, Tensor]] | None = None) -> dict:
         """The memory as tensors and plain values, for `torch.load(weights_only=True)`;

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from memory.attention import MemoryAttention
 from memory.config import MemoryConfig
 from memory.kind import Call, Read, kind_classes
+from memory.linear import Linear
 from memory.store import LayerMemory, MemoryState, Slots, write_slot
 
 
@@ -57,7 +58,7 @@ class MemoryLayer(nn.Module):
         self.kind = kind_classes()[cfg.kind](cfg)
         self.ffn_norm = nn.LayerNorm(cfg.dim)
         self.ffn = nn.Sequential(
-            nn.Linear(cfg.dim, cfg.ffn_dim), nn.ReLU(), nn.Linear(cfg.ffn_dim, cfg.dim)
+            Linear(cfg.dim, cfg.ffn_dim), nn.ReLU(), Linear(cfg.ffn_dim, cfg.dim)
         )
         self.dropout = cfg.dropout
 
@@ -66,14 +67,18 @@ class MemoryLayer(nn.Module):
     ) -> tuple[Tensor, Read, Tensor | None]:
         """The layer's output, what its memory gave the attention, and the spans of the new
         memories (None for kinds without a span per memory)."""
-        q, new = self.memories(h, call)
-        read = self.kind.read(self.attention, memory, new, call)
+        x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
+        read = self.kind.read(self.attention, memory, x, call)
         keep = self.kind.learns_from_attention and torch.is_grad_enabled()
-        attended, weights = self.attention(q, read.segments, read.width, read.window, keep)
+        attended, weights = self.attention(
+            read.queries, read.segments, read.width, read.window, keep
+        )
         if weights is not None:
             usage = self.kind.attention_loss(weights, read.slots, call)
             read = read._replace(aux_loss=read.aux_loss + usage)
-        return self.feed_forward(h, attended), read, new.span
+        spans = None if read.slots is None else read.slots.span
+        new_spans = None if spans is None else spans[:, spans.shape[1] - call.num_queries :]
+        return self.feed_forward(h, attended), read, new_spans
 
     def step_in_buffer(
         self, h: Tensor, buffer: Slots, slot: int | Tensor, call: Call, whole: bool
@@ -83,18 +88,12 @@ class MemoryLayer(nn.Module):
         over the whole buffer, whose shapes change only when it is compacted (for
         torch.compile; the slots after ``slot`` are empty). Returns the output, the count of
         `Read` and the new memory's span."""
-        q, new = self.memories(h, call)
+        q, new = self.kind.written(self.attention, self.attention_norm(h), call)
         write_slot(buffer, slot, new)
         slots = buffer if whole else buffer.narrow(0, slot + 1)
         segment, count = self.kind.read_buffer(slots, call)
         attended, _ = self.attention(q, [segment], slots.length, call.start - slots.position)
         return self.feed_forward(h, attended), count, new.span
-
-    def memories(self, h: Tensor, call: Call) -> tuple[Tensor, Slots]:
-        """The queries of inputs ``h`` and the memories they write."""
-        x = self.attention_norm(h)  # the memories h_i of this layer are these normed inputs
-        q, k, v = self.attention.project(x)
-        return q, Slots(x, k, v, call.positions, self.kind.span(x))
 
     def feed_forward(self, h: Tensor, attended: Tensor) -> Tensor:
         h = h + self.residual(attended)

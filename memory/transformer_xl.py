@@ -12,6 +12,7 @@ class TransformerXL(MemoryKind):
     are deleted."""
 
     name = "transformer_xl"
+    consecutive = True  # deleted by age and episode only
 
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
         if offsets is None:

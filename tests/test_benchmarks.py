@@ -149,6 +149,10 @@ def test_update_profile_counts_each_parts_operations():
     unroll_len = 10  # (TINY_RUN's)
     assert profile["acting"]["ops"] >= unroll_len * (2 * 6 + 2)
     assert profile["learner"]["ops"] > profile["acting"]["ops"]
+    # no read of the host in a minibatch (8 epochs of 2): one an epoch and a few an update;
+    # the CPU's fused Adam reads its step counters, counted apart
+    assert profile["learner"]["host_reads"] <= 8 * 2
+    assert profile["learner"]["optimizer_step_reads"] > 0
     for part in ("acting", "learner"):
         top = profile[part]["top_host_ops"]
         assert top and all(op["op"].startswith("aten::") and op["calls"] > 0 for op in top)

@@ -10,9 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from memory import MemoryConfig, MemoryTransformer, kind_names
+from memory.attention import Attend, PositionWindow, attend, log_mask
+from memory.kind import ramp_log_mask, ramp_mask
+from memory.linear import Linear
 from memory.store import EMPTY, MIN_SPARE_SLOTS, Slots, SlotStore, compacted, padded_length
 
 TOLERANCE = 1e-5  # step mode vs block mode, float32, max abs difference
@@ -103,6 +107,35 @@ def test_gradients_do_not_change_outputs(kind):
     assert (blocked_without_grad - expected).abs().max() < TOLERANCE
     assert (blocked - expected).abs().max() < TOLERANCE
     assert (stepped - expected[:, :10]).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("memory", ["empty", "carried"])
+def test_the_hand_written_backward_is_autograds(kind, memory):
+    """`memory.attention.Attend`'s backward, checked by finite differences in float64
+    (gradcheck) through a layer: episodes starting inside the block, an empty memory or one
+    carried from earlier blocks with memories deleted, spans on their ramp; the inputs are the
+    block and the weights of the layer's attention and memory kind."""
+    core = make_core(kind, num_layers=1).double().train()
+    x = torch.randn(3, 24, 16, dtype=torch.float64)
+    starts = episode_starts(3, 24)  # one inside the block: [1, 23]
+    state = core.initial_state(3)
+    if memory == "carried":
+        with torch.no_grad():
+            _, state = run_blocks(core, x[:, :18], starts[:, :18], 6, state)
+        assert max(state.stored_lengths()) < 18  # memories were deleted
+    named = dict(core.named_parameters())
+    names = [name for name in named if ".kind." in name or "qkv" in name or "position" in name]
+
+    def call(block, *weights):
+        out = torch.func.functional_call(
+            core, dict(zip(names, weights, strict=True)), (block, state, starts[:, 18:])
+        )
+        return out.hidden, out.aux_loss
+
+    inputs = [x[:, 18:].clone().requires_grad_()]
+    inputs += [named[name].detach().clone().requires_grad_() for name in names]
+    assert torch.autograd.gradcheck(call, inputs)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -352,6 +385,33 @@ def test_selected_and_saved_states_continue_as_the_full_batch(kind):
     assert (refreshed - full).abs().max() < TOLERANCE
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_minibatches_are_selected_alike_with_one_read_of_the_device(kind):
+    """A learner's minibatches of an epoch (`MemoryState.minibatches`): each one's memory is
+    `select`'s, its stores cut to the slots its elements fill, and all their lengths are
+    read from the device at once; from stepped buffers (dead slots kept, empty and spare ones
+    around them) and from compacted blocks."""
+    core = make_core(kind)
+    x = torch.randn(4, 30, 16)
+    starts = episode_starts(4, 30)
+    indices = [torch.tensor([2, 0]), torch.tensor([3]), torch.tensor([1])]
+    with torch.no_grad():
+        for _, state in (run_steps(core, x, starts), run_blocks(core, x, starts, 6)):
+            with HostReads() as host:
+                minibatches = state.minibatches(indices)
+            assert host.reads == ["tolist"]
+            for index, minibatch in zip(indices, minibatches, strict=True):
+                expected = state.select(index)
+                assert minibatch.time == expected.time
+                assert torch.equal(minibatch.episode_begin, expected.episode_begin)
+                for layer, other in zip(minibatch.layers, expected.layers, strict=True):
+                    for store, kept in zip(layer.stores(), other.stores(), strict=True):
+                        assert store.length == kept.length
+                        for field, expected_field in zip(store.view(), kept.view(), strict=True):
+                            assert (field is None) == (expected_field is None)
+                            assert field is None or torch.equal(field, expected_field)
+
+
 @pytest.mark.parametrize("kind", ["transformer_xl", "expire_span"])
 def test_a_saved_memory_holds_the_hidden_states_it_needs_only(kind):
     """A checkpoint keeps every slot's position and the h_i a memory needs: not the keys and
@@ -558,6 +618,81 @@ def test_position_term_covers_only_distances_below_block_len(queries, width):
     assert torch.allclose(gathered, expected, atol=1e-6)
     if queries > 1:  # the same values: a GPU looks them up where a CPU takes the slice
         assert torch.equal(attention.position_term(q, width, None), gathered)
+
+
+@pytest.mark.parametrize("window", ["consecutive", "by_distance"])
+@pytest.mark.parametrize("dropout", [0.0, 0.3])
+def test_attend_differentiates_as_autograd_through_its_operations(window, dropout):
+    """`Attend`'s backward gives the gradients autograd takes through `attend`'s operations,
+    in float64 to rounding, for a mask per key or per head, either position lookup and
+    attention dropout (the same noise drawn for both)."""
+    generator = torch.Generator().manual_seed(3)
+    batch, heads, queries, keys, head_dim, reach = 2, 3, 5, 9, 4, 4
+    shapes = [
+        (batch, heads, queries, head_dim),
+        (batch, heads, head_dim, keys),
+        (batch, heads, keys, head_dim),
+        (heads, reach, head_dim),
+    ]
+    q, k, v, position = (torch.randn(*shape, generator=generator).double() for shape in shapes)
+    for mask_heads in (1, heads):
+        m = torch.rand(batch, mask_heads, queries, keys, generator=generator).double()
+        m[m < 0.2] = 0
+        inputs = [t.clone().requires_grad_() for t in (q, k, v, log_mask(m, m.dtype), position)]
+        width = 7
+        distance = None if window == "consecutive" else torch.randint(-3, 6, (batch, width))
+        lookup = PositionWindow(width, distance, heads, queries, reach)
+        gradients = []
+        for function in (Attend.apply, lambda *args: attend(*args)[:2]):
+            with torch.random.fork_rng():
+                torch.manual_seed(0)
+                out, _ = function(*inputs, lookup, dropout)
+            grad = torch.autograd.grad(out.sin().sum(), inputs)
+            gradients.append(grad)
+        for ours, autograds in zip(*gradients, strict=True):
+            torch.testing.assert_close(ours, autograds, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("heads", [None, 3])
+def test_ramp_log_mask_differentiates_as_its_operations(heads):
+    """`memory.kind.ramp_log_mask`, one node, gives the log of `ramp_mask` times visibility
+    and the gradient autograd takes through the clamp, the product and `log_mask` (spans
+    clamped at 0 and 1, exactly 1 included, and on the ramp), per memory and per head."""
+    generator = torch.Generator().manual_seed(4)
+    shape = (2, 7) if heads is None else (2, heads, 7)
+    start = (3 * torch.rand(*shape, generator=generator) - 1).double()
+    start.view(-1)[:3] = torch.tensor([1.0, 0.0, 0.5])  # (no offset for the first query)
+    offsets = torch.arange(4.0, dtype=torch.float64)
+    visible = torch.rand(2, 4, 7, generator=generator) < 0.8
+    inputs = [start.clone().requires_grad_() for _ in range(2)]
+    ours, m = ramp_log_mask(inputs[0], offsets, 2.0, visible)
+    expected_m = ramp_mask(inputs[1], offsets, 2.0) * (
+        visible if heads is None else visible[:, None]
+    )
+    expected = log_mask(expected_m, torch.float64)
+    assert torch.equal(m, expected_m.detach()) and torch.equal(ours, expected)
+    weights = torch.randn(ours.shape, generator=generator).double()
+    (gradient,) = torch.autograd.grad(
+        ours.exp().mul(weights).sum() + ours.clamp_min(-5).sum(), inputs[0]
+    )
+    (autograds,) = torch.autograd.grad(
+        expected.exp().mul(weights).sum() + expected.clamp_min(-5).sum(), inputs[1]
+    )
+    torch.testing.assert_close(gradient, autograds, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (3, 4, 5)])
+def test_linear_differentiates_as_nn_linear(shape):
+    """`memory.linear.Linear`'s three-operation backward gives nn.Linear's gradients."""
+    torch.manual_seed(0)
+    layer = Linear(5, 6).double()
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    inputs = (x, layer.weight, layer.bias)
+    ours = torch.autograd.grad(layer(x).sin().sum(), inputs)
+    autograds = torch.autograd.grad(F.linear(x, layer.weight, layer.bias).sin().sum(), inputs)
+    for gradient, expected in zip(ours, autograds, strict=True):
+        torch.testing.assert_close(gradient, expected, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(layer, (x,))
 
 
 @pytest.mark.parametrize(
