@@ -81,9 +81,12 @@ class PositionWindow:
         self.width, self.reach = width, reach
         self.index = None
         if window is not None:  # the column reach - (t - i), clamped to the zero rows
-            ahead = torch.arange(reach, reach - queries, -1, device=window.device).view(-1, 1)
-            index = (ahead - window.view(-1, 1, 1, width)).clamp(0, reach + 1)
-            self.index = index.expand(-1, heads, -1, -1)  # (B, H, Q, width)
+            if queries == 1:
+                index = (reach - window).view(-1, 1, 1, width)
+            else:
+                ahead = torch.arange(reach, reach - queries, -1, device=window.device)
+                index = ahead.view(-1, 1) - window.view(-1, 1, 1, width)
+            self.index = index.clamp(0, reach + 1).expand(-1, heads, -1, -1)  # (B, H, Q, width)
 
     def term(self, products: Tensor) -> Tensor:
         """q_t . p_{t-i} (B, H, Q, width), 0 where t - i >= reach or i > t."""
@@ -119,26 +122,25 @@ def attend(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The attended values (B, Q, H * head_dim) and the weights (B, H, Q, N) of queries q
     (B, H, Q, head_dim) over keys (B, H, head_dim, N) and values (B, H, N, head_dim) with the
-    log mask (B, 1 or H, Q, N); and, for `Attend`'s backward pass, the scaled queries, the
-    position table and the dropout's noise (None without dropout)."""
+    log mask (B, 1 or H, Q, N); and, for `Attend`'s backward pass, the position table and the
+    dropout's noise (None without dropout)."""
     batch, heads, length, head_dim = q.shape
-    q = q * head_dim**-0.5
-    scores = torch.matmul(q, keys)
-    scores += log_m
+    scale = head_dim**-0.5
+    scores = torch.add(log_m, torch.matmul(q, keys), alpha=scale)
     table = position_table(position)
-    near = scores[..., scores.shape[-1] - window.width :]
-    near += window.term(torch.matmul(q, table.mT))
+    near = scores if window.width == scores.shape[-1] else scores[..., -window.width :]
+    near.add_(window.term(torch.einsum("bhqd,hrd->bhqr", q, table)), alpha=scale)
     weights = torch.softmax(scores, -1)  # eq. 4 through the log mask
     noise, attended = None, weights
     if dropout > 0:  # (drawn as nn.Dropout draws it)
         noise = torch.empty_like(weights).bernoulli_(1 - dropout).div_(1 - dropout)
         attended = weights * noise
     out = torch.einsum("bhqn,bhnd->bqhd", attended, values).reshape(batch, length, -1)
-    return out, weights, q, table, noise
+    return out, weights, table, noise
 
 
 class Attend(torch.autograd.Function):
-    """`attend` and its backward pass: from the weights, the scaled queries and the position
+    """`attend` and its backward pass: from the weights, the queries and the position
     lookup it keeps, about twenty operations give the gradients of the queries, keys,
     values, log mask and position embeddings."""
 
@@ -153,7 +155,7 @@ class Attend(torch.autograd.Function):
         window: PositionWindow,
         dropout: float,
     ) -> tuple[Tensor, Tensor]:
-        out, weights, q, table, noise = attend(q, keys, values, log_m, position, window, dropout)
+        out, weights, table, noise = attend(q, keys, values, log_m, position, window, dropout)
         ctx.save_for_backward(q, keys, values, weights, table, noise)
         ctx.window, ctx.mask_shape = window, log_m.shape
         ctx.mark_non_differentiable(weights)
@@ -171,11 +173,11 @@ class Attend(torch.autograd.Function):
         if noise is not None:
             d_attended *= noise
         d_scores = torch._softmax_backward_data(d_attended, weights, -1, weights.dtype)
-        d_products = window.gradient(d_scores[..., d_scores.shape[-1] - window.width :])
-        d_q = torch.einsum("bhqn,bhdn->bhqd", d_scores, keys)
+        d_scaled = d_scores * head_dim**-0.5  # (of the products, scaled in the scores)
+        d_products = window.gradient(d_scaled[..., d_scaled.shape[-1] - window.width :])
+        d_q = torch.einsum("bhqn,bhdn->bhqd", d_scaled, keys)
         d_q += torch.matmul(d_products, table)
-        d_q *= head_dim**-0.5
-        d_keys = torch.einsum("bhqd,bhqn->bhdn", q, d_scores)
+        d_keys = torch.einsum("bhqd,bhqn->bhdn", q, d_scaled)
         d_values = torch.einsum("bhqn,bqhd->bhnd", attended, grad)
         d_log_m = d_scores.sum_to_size(ctx.mask_shape) if ctx.needs_input_grad[3] else None
         d_position = None
@@ -202,8 +204,12 @@ class MemoryAttention(nn.Module):
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, Q, hd), keys (B, H, hd, Q) and values (B, H, Q, hd) of x (B, Q, dim)."""
         batch, length, _ = x.shape
-        qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        qkv = self.qkv(x)
+        if length == 1:  # (the same layout as below, without its permutation)
+            q, k, v = qkv.view(batch, 3, self.heads, 1, self.head_dim).unbind(1)
+        else:
+            qkv = qkv.view(batch, length, 3, self.heads, self.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         return q, k.mT, v
 
     def key_value(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
