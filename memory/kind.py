@@ -83,12 +83,11 @@ class Call:
 
     def visible(self, position: Tensor) -> Tensor:
         """Whether query t may see memory i at all: same episode and i <= t, (B, Q, N)."""
+        if self.num_queries == 1:  # (i <= t for every memory of a step)
+            return (position >= self.query_begin)[:, None, :]
         begin, time = self.columns
         position = position[:, None, :]
-        visible = position >= begin
-        if self.num_queries > 1:
-            visible &= position <= time
-        return visible
+        return (position >= begin) & (position <= time)
 
 
 class Read(NamedTuple):

@@ -302,10 +302,11 @@ class MemoryTransformer(nn.Module):
             )
         device, time = state.device, state.time
         if isinstance(time, Tensor):
-            positions = time + torch.arange(length, device=device)
+            positions = (time + torch.arange(length, device=device)).expand(batch, -1)
+        elif length == 1:  # (a step: one operation)
+            positions = state.episode_begin.new_full((batch, 1), time)
         else:
-            positions = torch.arange(time, time + length, device=device)
-        positions = positions.expand(batch, -1)
+            positions = torch.arange(time, time + length, device=device).expand(batch, -1)
         query_begin = state.episode_begin[:, None]
         if episode_start is None:
             query_begin = query_begin.expand(batch, length)
@@ -315,7 +316,12 @@ class MemoryTransformer(nn.Module):
                     f"episode_start must have shape {(batch, length)} (one flag per timestep), "
                     f"got {tuple(episode_start.shape)}"
                 )
-            starts = torch.as_tensor(episode_start, dtype=torch.bool, device=device)
+            starts = episode_start
+            if not isinstance(starts, Tensor) or (starts.dtype, starts.device) != (
+                torch.bool,
+                device,
+            ):
+                starts = torch.as_tensor(episode_start, dtype=torch.bool, device=device)
             query_begin = torch.where(starts, positions, query_begin)
             if length > 1:
                 query_begin = query_begin.cummax(1).values
