@@ -61,32 +61,36 @@ def log_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     return LogMask.apply(mask) if mask.requires_grad else mask.log()
 
 
-def position_table(position: Tensor) -> Tensor:
-    """The embeddings p_d (H, reach, head_dim) from the longest distance down to 0, between
-    two zero rows: row reach - d holds p_d, row 0 stands for every distance >= reach and the
-    last row for keys after the query; neither gets a term."""
-    return F.pad(position.flip(1), (0, 0, 1, 1))
-
-
 class PositionWindow:
     """The keys that get a position term (A.1): the last ``width`` keys of a call. Each key's
-    term q_t . p_{t-i} is looked up in the products of the queries with `position_table`
-    (B, H, Q, reach + 2): by skewing them where the window's keys are the consecutive time
-    steps ending with the last query (``window`` None), else by each key's distance from
-    each query (``window`` (B, width): first query - i)."""
+    term q_t . p_{t-i} is looked up in the products of the queries with the embeddings p_d
+    (H, reach, head_dim) between two zero rows (`table`; (B, H, Q, reach + 2)): by skewing
+    them where the window's keys are the consecutive time steps ending with the last query
+    (``window`` None; the embeddings from the longest distance down), else by each key's
+    distance from each query (``window`` (B, width): first query - i; the zero rows stand
+    for keys after the query and for distances >= reach)."""
 
     def __init__(
         self, width: int, window: Tensor | None, heads: int, queries: int, reach: int
     ) -> None:
         self.width, self.reach = width, reach
         self.index = None
-        if window is not None:  # the column reach - (t - i), clamped to the zero rows
+        if window is not None:  # the row 1 + (t - i) of p_{t-i}, clamped to the zero rows
             if queries == 1:
-                index = (reach - window).view(-1, 1, 1, width)
+                index = (window + 1).view(-1, 1, 1, width)
             else:
-                ahead = torch.arange(reach, reach - queries, -1, device=window.device)
-                index = ahead.view(-1, 1) - window.view(-1, 1, 1, width)
+                after = torch.arange(1, queries + 1, device=window.device)
+                index = after.view(-1, 1) + window.view(-1, 1, 1, width)
             self.index = index.clamp(0, reach + 1).expand(-1, heads, -1, -1)  # (B, H, Q, width)
+
+    def table(self, position: Tensor) -> Tensor:
+        """The embeddings (H, reach, head_dim) between zero rows, in the order the lookup takes."""
+        return F.pad(position if self.index is not None else position.flip(1), (0, 0, 1, 1))
+
+    def position_gradient(self, d_table: Tensor) -> Tensor:
+        """The embeddings' gradient from that of `table`."""
+        d_position = d_table[:, 1 : self.reach + 1]
+        return d_position if self.index is not None else d_position.flip(1)
 
     def term(self, products: Tensor) -> Tensor:
         """q_t . p_{t-i} (B, H, Q, width), 0 where t - i >= reach or i > t."""
@@ -127,7 +131,7 @@ def attend(
     batch, heads, length, head_dim = q.shape
     scale = head_dim**-0.5
     scores = torch.add(log_m, torch.matmul(q, keys), alpha=scale)
-    table = position_table(position)
+    table = window.table(position)
     near = scores if window.width == scores.shape[-1] else scores[..., -window.width :]
     near.add_(window.term(torch.einsum("bhqd,hrd->bhqr", q, table)), alpha=scale)
     weights = torch.softmax(scores, -1)  # eq. 4 through the log mask
@@ -181,9 +185,9 @@ class Attend(torch.autograd.Function):
         d_values = torch.einsum("bhqn,bqhd->bhnd", attended, grad)
         d_log_m = d_scores.sum_to_size(ctx.mask_shape) if ctx.needs_input_grad[3] else None
         d_position = None
-        if ctx.needs_input_grad[4]:  # rows reach .. 1 of the table: p_0 .. p_{reach-1}
+        if ctx.needs_input_grad[4]:
             d_table = torch.einsum("bhqr,bhqd->hrd", d_products, q)
-            d_position = d_table[:, 1 : window.reach + 1].flip(1)
+            d_position = window.position_gradient(d_table)
         return d_q, d_keys, d_values, d_log_m, d_position, None, None
 
 
@@ -248,7 +252,7 @@ class MemoryAttention(nn.Module):
     def position_term(self, q: Tensor, width: int, window: Tensor | None) -> Tensor:
         """q_t . p_{t-i} for the last ``width`` keys, 0 where t - i >= block_len (A.1)."""
         lookup = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
-        return lookup.term(torch.matmul(q, position_table(self.position).mT))
+        return lookup.term(torch.einsum("bhqd,hrd->bhqr", q, lookup.table(self.position)))
 
 
 def joined(segments: list[Segment]) -> Segment:
