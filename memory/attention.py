@@ -243,9 +243,10 @@ class MemoryAttention(nn.Module):
         window = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
         dropout = self.dropout if self.training else 0.0
         inputs = (q, keys, values, log_m, self.position, window, dropout)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and not torch.is_autocast_enabled(q.device.type):
             attended, weights = Attend.apply(*inputs)
-        else:  # (plain operations, which torch.export traces for compiled acting)
+        else:  # plain operations: torch.export traces them for compiled acting, and autograd
+            # differentiates them under autocast, whose mixed dtypes Attend's backward leaves out
             attended, weights = attend(*inputs)[:2]
         return self.out(attended), weights if keep_weights else None
 
