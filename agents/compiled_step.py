@@ -75,7 +75,7 @@ class _EncodeAndStep(nn.Module):
             offsets=None,
         )
         hidden, count, spans = layers_in_buffers(
-            agent.core, x[:, None], [Slots(*b) for b in buffers], list(slots), call, True
+            agent.core, x[:, None], [Slots(*b) for b in buffers], list(slots), call
         )
         hidden = hidden[:, 0]
         action, log_prob = sample(agent.policy(hidden), noise)

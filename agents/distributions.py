@@ -70,8 +70,8 @@ def sample(policy: PolicyParams, noise: Noise) -> tuple[torch.Tensor, torch.Tens
     if noise is None:
         action = policy.argmax(dim=-1)
     else:  # Gumbel-max sampling: cheaper than torch.multinomial for small batches
-        gumbel = -torch.log(-torch.log(noise.clamp(min=1e-20)))
-        action = (log_probs + gumbel).argmax(dim=-1)
+        gumbel = torch.log(-torch.log(noise.clamp(min=1e-20)))  # (minus the Gumbel noise)
+        action = (log_probs - gumbel).argmax(dim=-1)
     return action, log_probs.gather(-1, action[..., None]).squeeze(-1)
 
 

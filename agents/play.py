@@ -70,7 +70,14 @@ def observation_parts(obs: Any) -> list[np.ndarray]:
 def to_device(obs: Any, device: torch.device | str) -> Any:
     """An observation (an array, or a tuple or dict of them) as tensors on ``device``, each
     with its own dtype."""
-    return map_observation(lambda x: torch.as_tensor(x, device=device), obs)
+    return map_observation(lambda x: to_torch(x, device), obs)
+
+
+def to_torch(array: Any, device: torch.device | str) -> torch.Tensor:
+    """An array (what `np.asarray` takes) as a tensor on ``device``: on a CPU the array's own
+    memory (`torch.from_numpy`, an operation where `torch.as_tensor` calls two, every step)."""
+    tensor = torch.from_numpy(np.asarray(array))
+    return tensor if torch.device(device).type == "cpu" else tensor.to(device)
 
 
 def resets_next_step(vec_env: gym.vector.VectorEnv) -> bool:
@@ -149,7 +156,7 @@ class Player:
         counted = ~self.resetting
         final_info = episode_info(info, self.next_step)
         self.stats.record(reward, terminated, truncated, final_info, counted, kept)
-        reward = torch.as_tensor(reward, dtype=torch.float32, device=self.device)
+        reward = to_torch(np.array(reward, np.float32), self.device)  # (a copy: an env's array)
         step = Step(
             obs=self.obs,
             episode_start=self.episode_start,
@@ -169,13 +176,13 @@ class Player:
         starting = self.resetting if self.next_step else ended
         if self.next_step:
             self.resetting = ended
-        self.episode_start = torch.as_tensor(starting, device=self.device)
+        self.episode_start = to_torch(starting, self.device)
         return step
 
     def env_action(self, action: torch.Tensor) -> np.ndarray:
         """The action as the envs take it: a Box action clipped to the space's bounds (the
         agent keeps the sampled one, whose log-probability the learner uses)."""
-        action = action.cpu().numpy()
+        action = (action if action.is_cpu else action.cpu()).numpy()
         space = self.vec_env.single_action_space
         if isinstance(space, gym.spaces.Box):
             return np.clip(action, space.low, space.high)

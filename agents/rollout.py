@@ -38,6 +38,8 @@ class Unroll:
         self.start_state: Any = None
         self.start_previous: Previous | None = None
         self.memory_size = 0.0  # the mean over the unroll's steps of the memories read
+        self._kept: list[tuple[torch.Tensor, ...]] = []  # (`store`)
+        self._ended: list[tuple[np.ndarray, np.ndarray]] = []
 
     @property
     def length(self) -> int:
@@ -58,14 +60,30 @@ class Unroll:
         )
 
     def store(self, t: int, step: Step) -> None:
+        """Keeps step ``t``: its observations at once (arrays an env may write into again),
+        the rest until `stored` writes all the steps' at once (an operation for each buffer
+        instead of two for each step)."""
         map_observation(lambda buffer, x: buffer[:, t].copy_(x), self.obs, step.obs)
-        self.starts[:, t] = step.episode_start
-        self.valid[:, t] = torch.as_tensor(step.counted, device=self.valid.device)
-        self.actions[:, t] = step.action
-        self.log_probs[:, t], self.values[:, t] = step.log_prob, step.value
-        self.rewards[:, t] = step.reward
         ended = step.terminated | step.truncated | ~step.counted
-        self.dones[:, t] = torch.as_tensor(ended, device=self.dones.device)
+        kept = (step.episode_start, step.action, step.log_prob, step.value, step.reward)
+        self._kept.append(kept)
+        self._ended.append((step.counted, ended))
+
+    def stored(self) -> None:
+        """Writes the steps `store` kept into the buffers."""
+        starts, actions, log_probs, values, rewards = zip(*self._kept, strict=True)
+        for buffer, kept in (
+            (self.starts, starts),
+            (self.actions, actions),
+            (self.log_probs, log_probs),
+            (self.values, values),
+            (self.rewards, rewards),
+        ):
+            torch.stack(kept, 1, out=buffer)
+        counted, ended = zip(*self._ended, strict=True)
+        self.valid.copy_(torch.as_tensor(np.stack(counted, 1)))
+        self.dones.copy_(torch.as_tensor(np.stack(ended, 1)))
+        self._kept, self._ended = [], []
 
 
 def collect_unroll(
@@ -95,6 +113,7 @@ def collect_unroll(
         elif cut.any():
             final_obs = step.info["final_obs"][cut]
             unroll.truncation_values[cut, t] = final_values(agent, player, final_obs, cut, step)
+    unroll.stored()
     unroll.memory_size = float(unroll.memory_size) / unroll.length  # (read once an unroll)
     # The bootstrap value (its state is not kept).
     _, _, unroll.bootstrap_value, _ = agent.act(

@@ -61,29 +61,36 @@ def log_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
     return LogMask.apply(mask) if mask.requires_grad else mask.log()
 
 
-def position_table(position: Tensor) -> Tensor:
-    """The embeddings p_d (H, reach, head_dim) from the longest distance down to 0, between
-    two zero rows: row reach - d holds p_d, row 0 stands for every distance >= reach and the
-    last row for keys after the query; neither gets a term."""
-    return F.pad(position.flip(1), (0, 0, 1, 1))
-
-
 class PositionWindow:
     """The keys that get a position term (A.1): the last ``width`` keys of a call. Each key's
-    term q_t . p_{t-i} is looked up in the products of the queries with `position_table`
-    (B, H, Q, reach + 2): by skewing them where the window's keys are the consecutive time
-    steps ending with the last query (``window`` None), else by each key's distance from
-    each query (``window`` (B, width): first query - i)."""
+    term q_t . p_{t-i} is looked up in the products of the queries with the embeddings p_d
+    (H, reach, head_dim) between two zero rows (`table`; (B, H, Q, reach + 2)): by skewing
+    them where the window's keys are the consecutive time steps ending with the last query
+    (``window`` None; the embeddings from the longest distance down), else by each key's
+    distance from each query (``window`` (B, width): first query - i; the zero rows stand
+    for keys after the query and for distances >= reach)."""
 
     def __init__(
         self, width: int, window: Tensor | None, heads: int, queries: int, reach: int
     ) -> None:
         self.width, self.reach = width, reach
         self.index = None
-        if window is not None:  # the column reach - (t - i), clamped to the zero rows
-            ahead = torch.arange(reach, reach - queries, -1, device=window.device).view(-1, 1)
-            index = (ahead - window.view(-1, 1, 1, width)).clamp(0, reach + 1)
-            self.index = index.expand(-1, heads, -1, -1)  # (B, H, Q, width)
+        if window is not None:  # the row 1 + (t - i) of p_{t-i}, clamped to the zero rows
+            if queries == 1:
+                index = (window + 1).view(-1, 1, 1, width)
+            else:
+                after = torch.arange(1, queries + 1, device=window.device)
+                index = after.view(-1, 1) + window.view(-1, 1, 1, width)
+            self.index = index.clamp(0, reach + 1).expand(-1, heads, -1, -1)  # (B, H, Q, width)
+
+    def table(self, position: Tensor) -> Tensor:
+        """The embeddings (H, reach, head_dim) between zero rows, in the order the lookup takes."""
+        return F.pad(position if self.index is not None else position.flip(1), (0, 0, 1, 1))
+
+    def position_gradient(self, d_table: Tensor) -> Tensor:
+        """The embeddings' gradient from that of `table`."""
+        d_position = d_table[:, 1 : self.reach + 1]
+        return d_position if self.index is not None else d_position.flip(1)
 
     def term(self, products: Tensor) -> Tensor:
         """q_t . p_{t-i} (B, H, Q, width), 0 where t - i >= reach or i > t."""
@@ -119,26 +126,25 @@ def attend(
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The attended values (B, Q, H * head_dim) and the weights (B, H, Q, N) of queries q
     (B, H, Q, head_dim) over keys (B, H, head_dim, N) and values (B, H, N, head_dim) with the
-    log mask (B, 1 or H, Q, N); and, for `Attend`'s backward pass, the scaled queries, the
-    position table and the dropout's noise (None without dropout)."""
+    log mask (B, 1 or H, Q, N); and, for `Attend`'s backward pass, the position table and the
+    dropout's noise (None without dropout)."""
     batch, heads, length, head_dim = q.shape
-    q = q * head_dim**-0.5
-    scores = torch.matmul(q, keys)
-    scores += log_m
-    table = position_table(position)
-    near = scores[..., scores.shape[-1] - window.width :]
-    near += window.term(torch.matmul(q, table.mT))
+    scale = head_dim**-0.5
+    scores = torch.add(log_m, torch.matmul(q, keys), alpha=scale)
+    table = window.table(position)
+    near = scores if window.width == scores.shape[-1] else scores[..., -window.width :]
+    near.add_(window.term(torch.einsum("bhqd,hrd->bhqr", q, table)), alpha=scale)
     weights = torch.softmax(scores, -1)  # eq. 4 through the log mask
     noise, attended = None, weights
     if dropout > 0:  # (drawn as nn.Dropout draws it)
         noise = torch.empty_like(weights).bernoulli_(1 - dropout).div_(1 - dropout)
         attended = weights * noise
     out = torch.einsum("bhqn,bhnd->bqhd", attended, values).reshape(batch, length, -1)
-    return out, weights, q, table, noise
+    return out, weights, table, noise
 
 
 class Attend(torch.autograd.Function):
-    """`attend` and its backward pass: from the weights, the scaled queries and the position
+    """`attend` and its backward pass: from the weights, the queries and the position
     lookup it keeps, about twenty operations give the gradients of the queries, keys,
     values, log mask and position embeddings."""
 
@@ -153,7 +159,7 @@ class Attend(torch.autograd.Function):
         window: PositionWindow,
         dropout: float,
     ) -> tuple[Tensor, Tensor]:
-        out, weights, q, table, noise = attend(q, keys, values, log_m, position, window, dropout)
+        out, weights, table, noise = attend(q, keys, values, log_m, position, window, dropout)
         ctx.save_for_backward(q, keys, values, weights, table, noise)
         ctx.window, ctx.mask_shape = window, log_m.shape
         ctx.mark_non_differentiable(weights)
@@ -171,17 +177,17 @@ class Attend(torch.autograd.Function):
         if noise is not None:
             d_attended *= noise
         d_scores = torch._softmax_backward_data(d_attended, weights, -1, weights.dtype)
-        d_products = window.gradient(d_scores[..., d_scores.shape[-1] - window.width :])
-        d_q = torch.einsum("bhqn,bhdn->bhqd", d_scores, keys)
+        d_scaled = d_scores * head_dim**-0.5  # (of the products, scaled in the scores)
+        d_products = window.gradient(d_scaled[..., d_scaled.shape[-1] - window.width :])
+        d_q = torch.einsum("bhqn,bhdn->bhqd", d_scaled, keys)
         d_q += torch.matmul(d_products, table)
-        d_q *= head_dim**-0.5
-        d_keys = torch.einsum("bhqd,bhqn->bhdn", q, d_scores)
+        d_keys = torch.einsum("bhqd,bhqn->bhdn", q, d_scaled)
         d_values = torch.einsum("bhqn,bqhd->bhnd", attended, grad)
         d_log_m = d_scores.sum_to_size(ctx.mask_shape) if ctx.needs_input_grad[3] else None
         d_position = None
-        if ctx.needs_input_grad[4]:  # rows reach .. 1 of the table: p_0 .. p_{reach-1}
+        if ctx.needs_input_grad[4]:
             d_table = torch.einsum("bhqr,bhqd->hrd", d_products, q)
-            d_position = d_table[:, 1 : window.reach + 1].flip(1)
+            d_position = window.position_gradient(d_table)
         return d_q, d_keys, d_values, d_log_m, d_position, None, None
 
 
@@ -202,8 +208,12 @@ class MemoryAttention(nn.Module):
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, Q, hd), keys (B, H, hd, Q) and values (B, H, Q, hd) of x (B, Q, dim)."""
         batch, length, _ = x.shape
-        qkv = self.qkv(x).view(batch, length, 3, self.heads, self.head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
+        qkv = self.qkv(x)
+        if length == 1:  # (the same layout as below, without its permutation)
+            q, k, v = qkv.view(batch, 3, self.heads, 1, self.head_dim).unbind(1)
+        else:
+            qkv = qkv.view(batch, length, 3, self.heads, self.head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         return q, k.mT, v
 
     def key_value(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
@@ -233,16 +243,17 @@ class MemoryAttention(nn.Module):
         window = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
         dropout = self.dropout if self.training else 0.0
         inputs = (q, keys, values, log_m, self.position, window, dropout)
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() and not torch.is_autocast_enabled(q.device.type):
             attended, weights = Attend.apply(*inputs)
-        else:  # (plain operations, which torch.export traces for compiled acting)
+        else:  # plain operations: torch.export traces them for compiled acting, and autograd
+            # differentiates them under autocast, whose mixed dtypes Attend's backward leaves out
             attended, weights = attend(*inputs)[:2]
         return self.out(attended), weights if keep_weights else None
 
     def position_term(self, q: Tensor, width: int, window: Tensor | None) -> Tensor:
         """q_t . p_{t-i} for the last ``width`` keys, 0 where t - i >= block_len (A.1)."""
         lookup = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
-        return lookup.term(torch.matmul(q, position_table(self.position).mT))
+        return lookup.term(torch.einsum("bhqd,hrd->bhqr", q, lookup.table(self.position)))
 
 
 def joined(segments: list[Segment]) -> Segment:

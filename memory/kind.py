@@ -15,8 +15,7 @@ import importlib
 import math
 import pkgutil
 from collections.abc import Callable
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import torch
@@ -71,20 +70,24 @@ class Call:
     def next_begin(self) -> Tensor:
         return self.query_begin[:, -1]
 
-    @cached_property
+    _columns: tuple[Tensor, Tensor] | None = field(default=None, init=False, repr=False)
+
+    @property
     def columns(self) -> tuple[Tensor, Tensor]:
         """The queries' episode begins and time indices as columns (B, Q, 1) against the keys'
-        rows: made once a call, for every layer."""
-        return self.query_begin[:, :, None], self.positions[:, :, None]
+        rows: made once a call, for every layer (kept without `functools.cached_property`,
+        whose lock torch.compile cannot trace)."""
+        if self._columns is None:
+            self._columns = self.query_begin[:, :, None], self.positions[:, :, None]
+        return self._columns
 
     def visible(self, position: Tensor) -> Tensor:
         """Whether query t may see memory i at all: same episode and i <= t, (B, Q, N)."""
+        if self.num_queries == 1:  # (i <= t for every memory of a step)
+            return (position >= self.query_begin)[:, None, :]
         begin, time = self.columns
         position = position[:, None, :]
-        visible = position >= begin
-        if self.num_queries > 1:
-            visible &= position <= time
-        return visible
+        return (position >= begin) & (position <= time)
 
 
 class Read(NamedTuple):
@@ -269,7 +272,7 @@ class MemoryKind(nn.Module):
         all; how many are > 0 (per-head masks: the mean over heads); and for a ramp mask
         (``ramp_start``) its log, which `ramp_log_mask` computes with it (m_ti then carries no
         gradient: the log does), else None."""
-        relative = (slots.position - call.start).to(call.dtype)
+        relative = slots.position - call.start  # (integers: the mask's arithmetic converts)
         visible = call.visible(slots.position)
         start = self.ramp_start(relative, slots.span)
         if start is None:

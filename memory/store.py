@@ -88,12 +88,19 @@ class SlotStore:
     unroll, stays valid while acting continues from it.
     """
 
-    __slots__ = ("buffer", "length", "_written")
+    __slots__ = ("buffer", "length", "_written", "_slots")
 
-    def __init__(self, buffer: Slots, length: int, written: list[int] | None = None) -> None:
+    def __init__(
+        self,
+        buffer: Slots,
+        length: int,
+        written: list[int] | None = None,
+        slots: list[list[tuple[Tensor, ...]] | None] | None = None,
+    ) -> None:
         self.buffer = buffer
         self.length = length
         self._written = [length] if written is None else written  # shared by snapshots
+        self._slots = [None] if slots is None else slots  # (`slot`; shared too)
 
     @classmethod
     def empty(cls, batch: int, dim: int, heads: int, with_span: bool, device, dtype) -> SlotStore:
@@ -131,6 +138,14 @@ class SlotStore:
         if self.length == self.capacity:  # (no views to make)
             return self.buffer
         return self.buffer.narrow(0, self.length)
+
+    def slot(self, index: int) -> list[Tensor]:
+        """Views of slot ``index`` in every field of the buffer, for one copy into all of them
+        (`write_slot`); each field is split into its slots once a buffer."""
+        if self._slots[0] is None:
+            fields = zip(self.buffer, SLOT_AXES, strict=True)
+            self._slots[0] = [t.split(1, axis) for t, axis in fields if t is not None]
+        return [slots[index] for slots in self._slots[0]]
 
     def can_append(self, n: int) -> bool:
         # a buffer made under torch.inference_mode can be written only there
@@ -190,7 +205,7 @@ class SlotStore:
     def grown(self, n: int) -> SlotStore:
         """The store with ``n`` more slots, already written into its buffer after the last."""
         self._written[0] = self.length + n
-        return SlotStore(self.buffer, self.length + n, self._written)
+        return SlotStore(self.buffer, self.length + n, self._written, self._slots)
 
 
 class Filled(NamedTuple):
@@ -207,17 +222,16 @@ def padded_length(length: int) -> int:
     return max(8, 1 << max(length - 1, 0).bit_length())
 
 
-def write_slot(buffer: Slots, slot: int | Tensor, new: Slots) -> None:
-    """Write the one-slot ``new`` into slot ``slot`` of ``buffer``, in place: an int slot
-    through a view (no index to copy to a GPU, which would wait for it), a 0-d tensor (a
-    compiled step's) by an indexed write of the whole buffer, which a compiled step does
-    in place."""
+def write_slot(buffer: Slots, slot: Sequence[Tensor] | Tensor, new: Slots) -> None:
+    """Write the one-slot ``new`` into a slot of ``buffer``, in place: into the slot's views
+    (`SlotStore.slot`), all fields in one operation and with no index to copy to a GPU (which
+    would wait for it), or into slot ``slot`` given as a 0-d tensor (a compiled step's) by an
+    indexed write of the whole buffer, which a compiled step does in place."""
+    if not isinstance(slot, Tensor):
+        torch._foreach_copy_(list(slot), [t for t in new if t is not None])
+        return
     for target, source, axis in zip(buffer, new, SLOT_AXES, strict=True):
-        if target is None:
-            continue
-        if isinstance(slot, int):
-            target.narrow(axis, slot, 1).copy_(source)
-        else:
+        if target is not None:
             target.index_copy_(axis, slot.reshape(1), source)
 
 

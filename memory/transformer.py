@@ -9,6 +9,7 @@ Inputs are already-embedded vectors; outputs are final-normed hidden states.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 
@@ -45,6 +46,7 @@ class BufferStep:
     state: MemoryState
     buffers: list[Slots]
     slots: list[int]  # the slot of each layer's buffer that the step writes
+    writes: list[list[Tensor]]  # that slot's views in each field of the buffer (eager steps)
     call: Call
 
 
@@ -81,18 +83,16 @@ class MemoryLayer(nn.Module):
         return self.feed_forward(h, attended), read, new_spans
 
     def step_in_buffer(
-        self, h: Tensor, buffer: Slots, slot: int | Tensor, call: Call, whole: bool
+        self, h: Tensor, buffer: Slots, slot: Sequence[Tensor] | Tensor, call: Call
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Step mode without gradients: writes the step's memory into slot ``slot`` of the
-        ``recent`` store's ``buffer`` and attends over the slots up to it, or with ``whole``
-        over the whole buffer, whose shapes change only when it is compacted (for
-        torch.compile; the slots after ``slot`` are empty). Returns the output, the count of
-        `Read` and the new memory's span."""
+        """Step mode without gradients: writes the step's memory into a slot of the ``recent``
+        store's ``buffer`` (`write_slot`'s ``slot``) and attends over the whole buffer, whose
+        shapes change only when it is compacted (its slots after the step's are empty, and
+        masked). Returns the output, the count of `Read` and the new memory's span."""
         q, new = self.kind.written(self.attention, self.attention_norm(h), call)
         write_slot(buffer, slot, new)
-        slots = buffer if whole else buffer.narrow(0, slot + 1)
-        segment, count = self.kind.read_buffer(slots, call)
-        attended, _ = self.attention(q, [segment], slots.length, call.start - slots.position)
+        segment, count = self.kind.read_buffer(buffer, call)
+        attended, _ = self.attention(q, [segment], buffer.length, call.start - buffer.position)
         return self.feed_forward(h, attended), count, new.span
 
     def feed_forward(self, h: Tensor, attended: Tensor) -> Tensor:
@@ -218,7 +218,7 @@ class MemoryTransformer(nn.Module):
         """Step mode without gradients for kinds that step in their buffer: each layer
         writes its memory into its store's buffer and attends over it up to its last memory."""
         plan = self.plan_step(state, x.shape[0], episode_start, x.dtype)
-        hidden, count, spans = layers_in_buffers(self, x, plan.buffers, plan.slots, plan.call)
+        hidden, count, spans = layers_in_buffers(self, x, plan.buffers, plan.writes, plan.call)
         return self.planned_output(plan, hidden, count, spans)
 
     def plan_step(
@@ -238,6 +238,7 @@ class MemoryTransformer(nn.Module):
             state=MemoryState(state.time + 1, begin, tuple(memories)),
             buffers=[store.buffer for store in stores],
             slots=[store.length for store in stores],
+            writes=[store.slot(store.length) for store in stores],
             call=replace(call, start=call.positions),  # a tensor: an input of a compiled step
         )
 
@@ -274,7 +275,9 @@ class MemoryTransformer(nn.Module):
             h, read, span = layer(h, memory, call)
             reads.append(read)
             spans.append(span)
-        memory_size = self._memory_size(sum(r.count for r in reads), batch * length)
+        memory_size = self._memory_size(
+            sum((r.count for r in reads[1:]), reads[0].count), batch * length
+        )
         new_state = None
         if next_state:
             new_state = MemoryState(call.next_time, call.next_begin, tuple(r.memory for r in reads))
@@ -297,16 +300,28 @@ class MemoryTransformer(nn.Module):
                 f"the state holds {state.batch_size} sequences but the input has {batch}; "
                 "start a new state with core.initial_state(batch_size) to change batch size"
             )
-        device = state.device
-        positions = (state.time + torch.arange(length, device=device)).expand(batch, -1)
-        query_begin = state.episode_begin[:, None].expand(batch, length)
-        if episode_start is not None:
+        device, time = state.device, state.time
+        if isinstance(time, Tensor):
+            positions = (time + torch.arange(length, device=device)).expand(batch, -1)
+        elif length == 1:  # (a step: one operation)
+            positions = state.episode_begin.new_full((batch, 1), time)
+        else:
+            positions = torch.arange(time, time + length, device=device).expand(batch, -1)
+        query_begin = state.episode_begin[:, None]
+        if episode_start is None:
+            query_begin = query_begin.expand(batch, length)
+        else:
             if episode_start.shape != (batch, length):
                 raise ValueError(
                     f"episode_start must have shape {(batch, length)} (one flag per timestep), "
                     f"got {tuple(episode_start.shape)}"
                 )
-            starts = torch.as_tensor(episode_start, dtype=torch.bool, device=device)
+            starts = episode_start
+            if not isinstance(starts, Tensor) or (starts.dtype, starts.device) != (
+                torch.bool,
+                device,
+            ):
+                starts = torch.as_tensor(episode_start, dtype=torch.bool, device=device)
             query_begin = torch.where(starts, positions, query_begin)
             if length > 1:
                 query_begin = query_begin.cummax(1).values
@@ -328,16 +343,15 @@ def layers_in_buffers(
     core: MemoryTransformer,
     x: Tensor,
     buffers: list[Slots],
-    slots: list[int] | list[Tensor],
+    slots: list[list[Tensor]] | list[Tensor],
     call: Call,
-    whole: bool = False,
 ) -> tuple[Tensor, Tensor, tuple[Tensor, ...] | None]:
     """The final-normed output of the core's layers for one step ``x`` (B, 1, dim), writing
-    each layer's memory into slot ``slots[l]`` of ``buffers[l]``; the count of keys seen,
-    and the spans of the new memories (None for kinds without). ``whole``: see
-    `MemoryLayer.step_in_buffer`."""
-    h, count, spans = x, 0, []
+    each layer's memory into slot ``slots[l]`` of ``buffers[l]`` (`write_slot`); the count
+    of keys seen, and the spans of the new memories (None for kinds without)."""
+    h, counts, spans = x, [], []
     for layer, buffer, slot in zip(core.layers, buffers, slots, strict=True):
-        h, seen, span = layer.step_in_buffer(h, buffer, slot, call, whole)
-        count, spans = count + seen, spans + [span]
+        h, seen, span = layer.step_in_buffer(h, buffer, slot, call)
+        counts, spans = counts + [seen], spans + [span]
+    count = sum(counts[1:], counts[0])
     return core.final_norm(h), count, None if spans[0] is None else tuple(spans)
