@@ -231,8 +231,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         lower = "agent.lr=... agent.max_grad_norm=..."
         remedy = resume_remedy("train_rl.py", run_dir, cfg, checkpoint, lower)
         guard = DivergenceGuard(cfg, agent, learner.optimizer, dist, run_dir, remedy)
-        if learner.anchored and learner.anchor.state is None:
-            learner.anchor.state = learner.anchor.model.core.refresh(player.state)
+        if learner.anchored:
+            learner.anchor.start(player.state)
         logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
         bar = resources.enter_context(
             progress_bar(
@@ -306,8 +306,7 @@ def restore(
         return progress
     player.load_state_dict(acting, learner.agent.core)
     if learner.anchored:
-        anchor_core = learner.anchor.model.core
-        learner.anchor.state = anchor_core.load_state(acting["anchor_memory"], player.device)
+        learner.anchor.load_memory(acting["anchor_memory"], player.device)
     span_stats.load_state_dict(acting["spans"])
     interval.load_state_dict(acting["interval"])
     return progress
@@ -372,8 +371,7 @@ def save_training(
 ) -> None:
     """RUN_DIR/checkpoint.pt: the learner, the progress and what each rank's acting carries
     to the next update (a collective: every rank takes part), which `restore` loads."""
-    anchor = learner.anchor
-    anchor_memory = anchor.model.core.save_state(anchor.state) if learner.anchored else None
+    anchor_memory = learner.anchor.memory_state_dict() if learner.anchored else None
     acting = {
         **player.state_dict(learner.agent.core),
         "anchor_memory": anchor_memory,

@@ -1,12 +1,11 @@
 """Losses of the two learners, advantage actor-critic (the paper's) and PPO, and what they are
-made of: advantages, masked means, the anchor's KL term and the behaviour check.
+made of: advantages, masked means and the behaviour check.
 
 All work on one unroll of T steps for B environments, laid out (B, T).
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -63,43 +62,6 @@ def behaviour_ratio_error(
         if mask is not None:
             error = error[mask]
         return float(error.max()) if error.numel() else 0.0
-
-
-class PolicyAnchor:
-    """The agent of the best logged interval, once that interval solved the task (its task
-    metric, `envs.registry.task_metric`, at least ``solved``), whose policy a KL penalty holds
-    the agent near (``agent.anchor_coef``). PPO's clip bounds a policy's move only where an
-    advantage pushes it; once a task is solved the advantages are about 0, and the critic's
-    regression reshapes the shared core under a policy that nothing holds in place. Before the
-    task is solved there is no anchor: one at an unsolved policy would hold back learning (a KL
-    to a near-uniform policy is an entropy bonus).
-
-    The anchor reads its own memory (``state``): it starts as the agent's carried memory with
-    keys, values and spans recomputed by the anchor's weights, and from then on holds what the
-    anchor's own passes over the unrolls write, so within one span every memory it reads is
-    the anchor's."""
-
-    def __init__(self, agent: torch.nn.Module, solved: float) -> None:
-        self.model = copy.deepcopy(agent).eval().requires_grad_(False)
-        self.solved = solved
-        self.active = False
-        self.state = None  # the anchor's memory at the start of the next unroll
-
-    def keep(self, agent: torch.nn.Module, level: float, state) -> None:
-        """At a new best interval, whose task metric is ``level``; ``state``: the agent's
-        memory at the start of the next unroll."""
-        if level >= self.solved:
-            self.model.load_state_dict(agent.state_dict())
-            self.state = self.model.core.refresh(state)
-            self.active = True
-
-    @torch.no_grad()
-    def policy(self, obs, episode_start: torch.Tensor, previous) -> PolicyParams:
-        """The anchor's policy over an unroll (block mode, from its own memory, which it
-        carries on to the next unroll)."""
-        policy, _, out = self.model(obs, self.state, episode_start, previous)
-        self.state = out.state
-        return policy
 
 
 @dataclass

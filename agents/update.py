@@ -9,11 +9,11 @@ from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
 from agents.actor_critic import ActorCritic
+from agents.anchor import PolicyAnchor
 from agents.distributions import policy_kl
 from agents.encoders import map_observation, update_statistics
 from agents.losses import (
     LossTerms,
-    PolicyAnchor,
     actor_critic_loss,
     behaviour_ratio_error,
     generalized_advantages,
@@ -222,12 +222,11 @@ class Learner:
         """The checkpoint's entries of the learner: the agent, the optimiser, the anchor."""
         state = {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.anchored:
-            state["anchor"] = self.anchor.model.state_dict()
+            state["anchor"] = self.anchor.state_dict()
         return state
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
         self.agent.load_state_dict(checkpoint["agent"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.anchor is not None and "anchor" in checkpoint:
-            self.anchor.model.load_state_dict(checkpoint["anchor"])
-            self.anchor.active = True
+            self.anchor.load_state_dict(checkpoint["anchor"])

@@ -23,18 +23,13 @@ from agents import (
     RecurrentCore,
     compiled_step,
 )
+from agents.anchor import PolicyAnchor
 from agents.build import build_agent
 from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
 from agents.distributions import log_prob_and_entropy, policy_kl, sample, sampling_noise
 from agents.episodes import EpisodeStats
 from agents.evaluation import evaluate_policies
-from agents.losses import (
-    PolicyAnchor,
-    actor_critic_loss,
-    generalized_advantages,
-    normalised,
-    ppo_loss,
-)
+from agents.losses import actor_critic_loss, generalized_advantages, normalised, ppo_loss
 from agents.play import Player
 from agents.probes import keep_new_memories, success_by_case, success_by_length
 from agents.recurrent import GRULayers, RecurrentState
