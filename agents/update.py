@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import torch
 from omegaconf import DictConfig
 from torch.nn.parallel import DistributedDataParallel
 
-from agents.actor_critic import ActorCritic
+from agents.actor_critic import ActorCritic, Previous
 from agents.anchor import PolicyAnchor
-from agents.distributions import policy_kl
+from agents.distributions import PolicyParams, policy_kl
 from agents.encoders import map_observation, update_statistics
 from agents.losses import (
     LossTerms,
@@ -22,7 +23,7 @@ from agents.losses import (
     ppo_loss,
 )
 from agents.rollout import Unroll
-from memory import MemoryState
+from memory import CoreOutput, MemoryState
 from training.distributed import DistInfo, all_reduce_mean
 from training.schedule import lr_fraction
 
@@ -78,6 +79,64 @@ def select_envs(obs: Any, index: Any) -> Any:
     return map_observation(lambda x: x[index], obs)
 
 
+class Minibatch(NamedTuple):
+    """What one gradient step learns from: some environments of an unroll, laid out (B, T)."""
+
+    obs: Any
+    starts: torch.Tensor  # episode starts
+    previous: Previous
+    actions: torch.Tensor
+    log_probs: torch.Tensor  # the acting policy's, of the actions
+    advantages: torch.Tensor
+    returns: torch.Tensor  # the value targets
+    mask: torch.Tensor | None  # the samples the losses count (None: all)
+    anchor: PolicyParams | None  # the anchor's policy (None: no anchor)
+    start: Any  # the memory they start from
+
+    def select(self, index: Any, start: Any) -> Minibatch:
+        """The environments ``index`` of this batch, which start from the memory ``start``
+        (a memory is selected apart, `Learner.start_states`)."""
+        *fields, _ = self
+        return Minibatch(*(None if x is None else select_envs(x, index) for x in fields), start)
+
+
+class Tally:
+    """What an update reports, summed on the device over its minibatches (`add`), so that
+    only `means` reads the device."""
+
+    def __init__(self, device: torch.device, minibatches: int) -> None:
+        self.losses = torch.zeros(len(LOSS_KEYS), device=device)  # LOSS_KEYS' sums
+        self.no_anchor = torch.zeros((), device=device)  # the anchor's KL without an anchor
+        self.minibatches = minibatches  # an epoch's
+        self.steps, self.epochs = 0, 0
+        self.epoch_kl: torch.Tensor | float = 0.0  # the mean over this epoch's minibatches
+        self.ratio_error = 0.0  # (`BEHAVIOUR_RATIO_ERROR`)
+
+    def start_epoch(self) -> None:
+        self.epochs += 1
+        self.epoch_kl = 0.0
+
+    def add(self, terms: LossTerms, aux_loss: torch.Tensor, anchor_kl: torch.Tensor | None) -> None:
+        """One gradient step's loss terms (`Learner.gradient_step`)."""
+        self.steps += 1
+        anchor_kl = self.no_anchor if anchor_kl is None else anchor_kl
+        with torch.no_grad():
+            self.losses += torch.stack(
+                (terms.policy, terms.value, terms.entropy, aux_loss, anchor_kl)
+            )
+        if terms.approx_kl is not None:  # (no gradient)
+            self.epoch_kl += terms.approx_kl / self.minibatches  # no sync
+
+    def means(self) -> dict[str, float]:
+        """The losses' means over the steps, the last epoch's KL, the epochs run and the
+        behaviour ratio error."""
+        sums = self.losses.tolist()
+        means = {key: value / self.steps for key, value in zip(LOSS_KEYS, sums, strict=True)}
+        means.update(approx_kl=float(self.epoch_kl), epochs=self.epochs)
+        means[BEHAVIOUR_RATIO_ERROR] = self.ratio_error
+        return means
+
+
 class Learner:
     """Updates ``agent`` from unrolls by PPO or A2C (the ``agent.*`` settings, ``cfg``):
     advantages and value targets by GAE, the learning rate's schedule over ``num_updates``,
@@ -129,11 +188,10 @@ class Learner:
             )
         return advantages, returns
 
-    def start_states(self, unroll: Unroll, indices: list) -> list:
-        """The memory each minibatch of ``indices`` starts from: the unroll's, selected for it
-        (a memory transformer's lengths read at once for the epoch), or padded to few shapes
-        for a compiled learner."""
-        start = unroll.start_state
+    def start_states(self, start: Any, indices: list) -> list:
+        """The memory each minibatch of ``indices`` starts from: the unroll's, ``start``,
+        selected for it (a memory transformer's lengths read at once for the epoch), or padded
+        to few shapes for a compiled learner."""
         if indices[0] is ALL and not self.fixed_shapes:
             return [start]
         if isinstance(start, MemoryState) and not self.fixed_shapes:
@@ -145,78 +203,105 @@ class Learner:
         minibatches of the losses, the KL of its last epoch (PPO: KL(acting || current
         policy); 0 for A2C), the epochs run (fewer than agent.epochs when agent.target_kl
         stopped them) and the behaviour ratio error."""
-        cfg, device = self.cfg, unroll.rewards.device
         self.agent.train()
-        advantages, returns = self.targets(unroll)
-        mask = unroll.mask
-        previous = unroll.previous()
-        fraction = lr_fraction(cfg.lr_schedule, update, self.num_updates)
-        for group in self.optimizer.param_groups:
-            group["lr"] = cfg.lr * fraction
-        if self.anchored:  # the anchor's policy on the whole unroll, once, from its own memory
-            anchor_policy = self.anchor.policy(unroll.obs, unroll.starts, previous)
-        losses = torch.zeros(len(LOSS_KEYS), device=device)  # summed without a sync
-        no_anchor = torch.zeros((), device=device)
-        epochs_run, minibatches_run, ratio_error = 0, 0, 0.0
-        for _ in range(cfg.epochs):
-            epochs_run, epoch_kl = epochs_run + 1, 0.0
-            indices = minibatches(unroll.rewards.shape[0], cfg.minibatches, device)
-            for index, start in zip(indices, self.start_states(unroll, indices), strict=True):
-                policy, values, out = self.model(
-                    select_envs(unroll.obs, index),
-                    start,
-                    unroll.starts[index],
-                    (previous[0][index], previous[1][index]),
-                    next_state=False,
-                )
-                actions, old_log_probs = unroll.actions[index], unroll.log_probs[index]
-                minibatch_mask = None if mask is None else mask[index]
-                if minibatches_run == 0:  # before the unroll's first optimiser step
-                    ratio_error = behaviour_ratio_error(
-                        policy, actions, old_log_probs, minibatch_mask
+        self.set_rate(update)
+        whole = self.whole_unroll(unroll)
+        tally = Tally(unroll.rewards.device, self.cfg.minibatches)
+        for _ in range(self.cfg.epochs):
+            tally.start_epoch()
+            for batch in self.epoch(whole):
+                policy, values, out = self.forward(batch)
+                if tally.steps == 0:  # before the unroll's first optimiser step
+                    tally.ratio_error = behaviour_ratio_error(
+                        policy, batch.actions, batch.log_probs, batch.mask
                     )
-                terms = learner_loss(
-                    cfg,
-                    policy,
-                    values,
-                    actions,
-                    old_log_probs,
-                    advantages[index],
-                    returns[index],
-                    minibatch_mask,
-                )
-                loss = terms.total(cfg.value_coef, cfg.entropy_coef) + out.aux_loss
-                anchor_kl = no_anchor
-                if self.anchored:
-                    reference = select_envs(anchor_policy, index)
-                    anchor_kl = masked_mean(policy_kl(policy, reference), minibatch_mask)
-                    loss = loss + cfg.anchor_coef * anchor_kl
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if cfg.max_grad_norm:
-                    clip_gradients(self.parameters, cfg.max_grad_norm)
-                self.optimizer.step()
-                minibatches_run += 1
-                with torch.no_grad():
-                    terms_of_loss = (terms.policy, terms.value, terms.entropy, out.aux_loss)
-                    losses += torch.stack((*terms_of_loss, anchor_kl))
-                if terms.approx_kl is not None:  # (no gradient)
-                    epoch_kl += terms.approx_kl / cfg.minibatches  # no sync
-            # PPO: stop this unroll's epochs once the policy is target_kl away from the one
-            # that acted (decided on the mean over ranks, so that all ranks stop together).
-            target_kl = cfg.get("target_kl")
-            if target_kl and all_reduce_mean({"kl": float(epoch_kl)}, self.dist)["kl"] > target_kl:
+                tally.add(*self.gradient_step(batch, policy, values, out))
+            if self.kl_stops(tally.epoch_kl):
                 break
         # The observation statistics move after the update, so each unroll is normalised alike
         # by acting and learning.
         update_statistics(self.agent.encoder, unroll.obs)
-        means = {
-            key: value / minibatches_run
-            for key, value in zip(LOSS_KEYS, losses.tolist(), strict=True)
-        }
-        means.update(approx_kl=float(epoch_kl), epochs=epochs_run)
-        means[BEHAVIOUR_RATIO_ERROR] = ratio_error
-        return means
+        return tally.means()
+
+    def set_rate(self, update: int) -> None:
+        """The learning rate of the ``update``-th update, as agent.lr_schedule sets it."""
+        fraction = lr_fraction(self.cfg.lr_schedule, update, self.num_updates)
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.cfg.lr * fraction
+
+    def whole_unroll(self, unroll: Unroll) -> Minibatch:
+        """What the minibatches select from, made once an update: the unroll's acting, its
+        targets and, with an active anchor, the anchor's policy over it (from the anchor's
+        own memory, which one pass carries on to the next unroll)."""
+        advantages, returns = self.targets(unroll)
+        mask = unroll.mask
+        previous = unroll.previous()
+        anchor = None
+        if self.anchored:
+            anchor = self.anchor.policy(unroll.obs, unroll.starts, previous)
+        return Minibatch(
+            obs=unroll.obs,
+            starts=unroll.starts,
+            previous=previous,
+            actions=unroll.actions,
+            log_probs=unroll.log_probs,
+            advantages=advantages,
+            returns=returns,
+            mask=mask,
+            anchor=anchor,
+            start=unroll.start_state,
+        )
+
+    def epoch(self, whole: Minibatch) -> Iterator[Minibatch]:
+        """An epoch's minibatches of ``whole``: random disjoint sets of whole environment
+        sequences (`minibatches`), each from its memory (`start_states`)."""
+        starts = whole.starts
+        indices = minibatches(starts.shape[0], self.cfg.minibatches, starts.device)
+        for index, start in zip(indices, self.start_states(whole.start, indices), strict=True):
+            yield whole.select(index, start)
+
+    def forward(self, batch: Minibatch) -> tuple[PolicyParams, torch.Tensor, CoreOutput]:
+        """The agent's block mode over the minibatch, through what the gradients flow through
+        (`model`), with no memory kept after it."""
+        return self.model(batch.obs, batch.start, batch.starts, batch.previous, next_state=False)
+
+    def gradient_step(
+        self, batch: Minibatch, policy: PolicyParams, values: torch.Tensor, out: CoreOutput
+    ) -> tuple[LossTerms, torch.Tensor, torch.Tensor | None]:
+        """One optimiser step on the minibatch's loss, from the agent's ``policy``,
+        ``values`` and core output ``out`` over it; returns its terms: the learner's loss, the
+        memory kind's auxiliary loss and the KL to the anchor (None without one)."""
+        cfg = self.cfg
+        terms = learner_loss(
+            cfg,
+            policy,
+            values,
+            batch.actions,
+            batch.log_probs,
+            batch.advantages,
+            batch.returns,
+            batch.mask,
+        )
+        loss = terms.total(cfg.value_coef, cfg.entropy_coef) + out.aux_loss
+        anchor_kl = None
+        if batch.anchor is not None:
+            anchor_kl = masked_mean(policy_kl(policy, batch.anchor), batch.mask)
+            loss = loss + cfg.anchor_coef * anchor_kl
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.max_grad_norm:
+            clip_gradients(self.parameters, cfg.max_grad_norm)
+        self.optimizer.step()
+        return terms, out.aux_loss, anchor_kl
+
+    def kl_stops(self, epoch_kl: torch.Tensor | float) -> bool:
+        """PPO: whether the unroll's epochs stop after this one, whose mean KL is
+        ``epoch_kl``: once the policy is agent.target_kl away from the one that acted (on the
+        mean over ranks, so that all ranks stop together)."""
+        target_kl = self.cfg.get("target_kl")
+        if not target_kl:
+            return False
+        return all_reduce_mean({"kl": float(epoch_kl)}, self.dist)["kl"] > target_kl
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's entries of the learner: the agent, the optimiser, the anchor."""
