@@ -10,6 +10,7 @@ from gymnasium import spaces
 from torch import nn
 
 from agents.compiled_step import CompiledStep
+from agents.core import Core
 from agents.distributions import Gaussian, PolicyParams, sample, sampling_noise
 from agents.encoders import make_encoder
 from memory import CoreOutput
@@ -87,7 +88,7 @@ def policy_head(space: spaces.Space, dim: int) -> tuple[nn.Module, list[nn.Linea
 class ActorCritic(nn.Module):
     """Acts in step mode (one timestep for a batch of environments) and is trained in
     block mode (a whole unroll at once, from the memory carried over from the previous
-    unroll). `core` is a `memory.MemoryTransformer` or an `agents.RecurrentCore`.
+    unroll). `core` is a `memory.MemoryTransformer` or a baseline (`agents.core.Core`).
 
     The encoder is chosen from the observation space (`agents.encoders.make_encoder`); on the
     MazeBase word window it is one linear map of the flattened multi-hot window. Box
@@ -106,7 +107,7 @@ class ActorCritic(nn.Module):
         self,
         obs_space: spaces.Space,
         action_space: spaces.Space,
-        core: nn.Module,
+        core: Core,
         dim: int,
         previous_action: bool = False,
         previous_reward: bool = False,
@@ -135,7 +136,7 @@ class ActorCritic(nn.Module):
         """Act through `agents.compiled_step.CompiledStep`, compiled at the first step: a
         memory transformer whose memories step in their buffers (not the compressive kind;
         other cores act eagerly)."""
-        if getattr(self.core, "steps_in_buffers", False):
+        if self.core.steps_in_buffers:
             self.compiled_step = CompiledStep()
 
     def initial_state(self, batch_size: int, device: torch.device | str = "cpu"):

@@ -4,16 +4,16 @@ env's observation and action spaces."""
 from __future__ import annotations
 
 import gymnasium as gym
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agents.actor_critic import ActorCritic
+from agents.core import Core
 from agents.feedforward import FEEDFORWARD_KIND, FeedForwardCore
 from agents.recurrent import RECURRENT_KINDS, RecurrentCore
 from memory import MemoryConfig, MemoryTransformer
 
 
-def build_core(memory_cfg: DictConfig) -> torch.nn.Module:
+def build_core(memory_cfg: DictConfig) -> Core:
     """The memory core `memory.kind` names: a memory transformer, a recurrent baseline, or
     the feed-forward core without memory."""
     fields = OmegaConf.to_container(memory_cfg, resolve=True)

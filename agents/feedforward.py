@@ -18,6 +18,8 @@ class FeedForwardCore(nn.Module):
     an empty `RecurrentState`, so acting, learning and checkpoints treat it as any core's;
     `memory_size` is 0."""
 
+    steps_in_buffers = False  # (`agents.core.Core`: no buffers to compile a step over)
+
     def __init__(self, dim: int) -> None:
         super().__init__()
         self.dim = dim

@@ -13,6 +13,7 @@ from gymnasium.vector import AutoresetMode
 from gymnasium.vector.utils import create_empty_array
 
 from agents.actor_critic import ActorCritic, Previous
+from agents.core import Core
 from agents.encoders import map_observation
 from agents.episodes import EpisodeStats, episode_info
 from envs.vector import MazeBaseVectorEnv
@@ -188,7 +189,7 @@ class Player:
             return np.clip(action, space.low, space.high)
         return action
 
-    def state_dict(self, core: torch.nn.Module) -> dict[str, Any]:
+    def state_dict(self, core: Core) -> dict[str, Any]:
         """What the next step continues from, as tensors and plain values (to resume within an
         episode); the envs' own state where they have one (`None` where they have not). The
         agent's ``core`` saves its memory (``save_state``)."""
@@ -203,7 +204,7 @@ class Player:
             "episodes": self.stats.state_dict(),
         }
 
-    def load_state_dict(self, saved: dict[str, Any], core: torch.nn.Module) -> None:
+    def load_state_dict(self, saved: dict[str, Any], core: Core) -> None:
         """Continue from `state_dict`; the agent's ``core``, its weights loaded, loads the
         memory (``load_state``)."""
         self.vec_env.load_state_dict(_as_arrays(saved["envs"]))

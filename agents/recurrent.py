@@ -169,6 +169,8 @@ class RecurrentCore(nn.Module):
     vector per layer, not a set of past hidden states.
     """
 
+    steps_in_buffers = False  # (`agents.core.Core`: no buffers to compile a step over)
+
     def __init__(self, dim: int, num_layers: int = 1, kind: str = "lstm") -> None:
         super().__init__()
         if kind not in RECURRENT_KINDS:

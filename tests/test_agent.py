@@ -26,6 +26,7 @@ from agents import (
 from agents.anchor import PolicyAnchor
 from agents.build import build_agent
 from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
+from agents.core import Core
 from agents.distributions import log_prob_and_entropy, policy_kl, sample, sampling_noise
 from agents.episodes import EpisodeStats
 from agents.evaluation import evaluate_policies
@@ -430,6 +431,28 @@ def test_the_anchor_reads_its_own_memory():
         torch.testing.assert_close(anchor.policy(unroll, continuing, None), expected)
         assert (agent(unroll, carried, continuing)[0].detach() - expected).abs().max() > 1e-3
         _, carried = act_for(agent, unroll, agent.core.refresh(carried))
+
+
+CORE_METHODS = ("initial_state", "forward", "step", "refresh", "save_state", "load_state")
+
+
+@pytest.mark.parametrize("kind", [*kind_names(), *BASELINE_KINDS])
+def test_every_core_kind_is_a_core(kind):
+    """The agent, the player and the learner hold a core by `agents.core.Core` alone: every
+    kind has its members, and they work together (a step, a refresh, a checkpoint's round
+    trip, a learner's block from it)."""
+    core = make_agent(kind).core
+    assert isinstance(core, Core)
+    assert isinstance(core.steps_in_buffers, bool)
+    assert all(callable(getattr(core, name)) for name in CORE_METHODS)
+    with torch.no_grad():
+        out = core.step(
+            torch.randn(2, 32), core.initial_state(2, "cpu"), torch.tensor([True, False])
+        )
+    state = core.load_state(core.save_state(core.refresh(out.state)), "cpu")
+    continuing = torch.zeros(2, 3, dtype=torch.bool)
+    block = core(torch.randn(2, 3, 32), state, continuing, next_state=False)
+    assert block.hidden.shape == (2, 3, 32) and block.state is None
 
 
 @pytest.mark.parametrize("kind", [*kind_names(), *BASELINE_KINDS])
