@@ -21,8 +21,8 @@ Kinds (``MemoryConfig.kind``), each a module of the same name that keeps its own
 
 Shared pieces: ``attention`` (renormalised attention, eq. 4, and relative positions for the
 last block only, A.1), ``kind`` (visibility, masks, deletion; the registry of kinds),
-``store`` (the memory layout and its deletion by compaction; ``MemoryState`` and
-``LayerMemory`` document the state), ``transformer``.
+``store`` (the memory layout and its deletion by compaction), ``state`` (the core's state
+made of stores; ``MemoryState`` and ``LayerMemory`` document it), ``transformer``.
 
 Step mode and block mode agree to float error: every mask and position term depends only
 on the distance t - i and on episode boundaries, never on how the steps were grouped.
@@ -30,7 +30,8 @@ on the distance t - i and on episode boundaries, never on how the steps were gro
 
 from memory.config import MemoryConfig
 from memory.kind import MemoryKind, kind_classes, kind_names
-from memory.store import LayerMemory, MemoryState, Slots, SlotStore
+from memory.state import LayerMemory, MemoryState
+from memory.store import Slots, SlotStore
 from memory.transformer import CoreOutput, MemoryLayer, MemoryTransformer
 
 __all__ = [

@@ -25,7 +25,8 @@ from torch import Tensor
 from memory.attention import MemoryAttention, Segment, log_mask
 from memory.config import MemoryConfig
 from memory.kind import Call, MemoryKind, Read
-from memory.store import EMPTY, LayerMemory, Slots
+from memory.state import LayerMemory
+from memory.store import EMPTY, Slots
 
 
 def mean_pool(hidden: Tensor, rate: int) -> Tensor:

@@ -23,7 +23,8 @@ from torch import Tensor, nn
 
 from memory.attention import MemoryAttention, Segment, log_mask
 from memory.config import MemoryConfig
-from memory.store import EMPTY, LayerMemory, Slots, SlotStore
+from memory.state import LayerMemory
+from memory.store import EMPTY, Slots, SlotStore
 
 Alive = Callable[[Slots, int, Tensor], Tensor]
 KIND_CLASSES: dict[str, type[MemoryKind]] = {}  # filled as MemoryKind subclasses are defined

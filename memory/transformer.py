@@ -21,7 +21,8 @@ from memory.attention import MemoryAttention
 from memory.config import MemoryConfig
 from memory.kind import Call, Read, kind_classes
 from memory.linear import Linear
-from memory.store import LayerMemory, MemoryState, Slots, write_slot
+from memory.state import LayerMemory, MemoryState
+from memory.store import Slots, write_slot
 
 
 @dataclass
