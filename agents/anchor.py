@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from agents.core import State
 from agents.distributions import PolicyParams
 
 
@@ -29,9 +30,9 @@ class PolicyAnchor:
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
         self.solved = solved
         self.active = False
-        self.state = None  # the anchor's memory at the start of the next unroll
+        self.state: State | None = None  # the anchor's memory at the next unroll's start
 
-    def keep(self, agent: torch.nn.Module, level: float, state) -> None:
+    def keep(self, agent: torch.nn.Module, level: float, state: State) -> None:
         """At a new best interval, whose task metric is ``level``; ``state``: the agent's
         memory at the start of the next unroll."""
         if level >= self.solved:
@@ -39,7 +40,7 @@ class PolicyAnchor:
             self.state = self.model.core.refresh(state)
             self.active = True
 
-    def start(self, state) -> None:
+    def start(self, state: State) -> None:
         """Before a run's first unroll: unless a checkpoint gave the anchor its memory (a run
         resumed from environments that saved no state gets none), the agent's memory
         ``state`` as the anchor's weights read it."""
