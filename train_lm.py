@@ -52,47 +52,46 @@ from lm import (
 )
 from lm.model import LanguageModel, trained_model
 from memory import CoreOutput, MemoryConfig, MemoryState, kind_names
-from training import (
+from training.checkpoint import (
     CHECKPOINT_FILE,
-    COMPILE_MODES,
-    EVAL_FILE,
-    METRICS_FILE,
-    ConfigError,
-    DistInfo,
-    SpanStats,
-    all_gather_object,
-    all_reduce_mean,
-    broadcast_object,
     check_checkpoint_kind,
+    checkpoint_file,
+    load_checkpoint,
+    load_trained,
+    save_checkpoint,
+)
+from training.config import (
+    COMPILE_MODES,
+    ConfigError,
     check_choice,
     check_positive,
     check_positive_int,
     check_range,
-    check_wandb_config,
-    checkpoint_file,
-    command_line_overrides,
     exit_on_config_error,
-    gather_rank_states,
-    load_checkpoint,
-    load_trained,
-    progress_bar,
-    rank_seed,
-    read_metrics,
     refuse_added_keys,
+)
+from training.distributed import (
+    DistInfo,
+    all_gather_object,
+    all_reduce_mean,
+    broadcast_object,
     resolve_device,
-    restore_rng_state,
-    save_checkpoint,
-    save_report,
-    seed_everything,
-    set_metrics,
-    start_logging,
-    start_run,
-    thread_count,
-    use_host,
 )
 from training.divergence import DivergenceGuard, check_nonfinite_config, resume_remedy
 from training.entry import checked_command_line, train_or_evaluate
+from training.host import thread_count, use_host
+from training.metrics import (
+    METRICS_FILE,
+    SpanStats,
+    check_wandb_config,
+    read_metrics,
+    start_logging,
+)
+from training.progress import progress_bar, set_metrics
+from training.run import gather_rank_states, save_report, start_run
+from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import lr_fraction
+from training.seeding import rank_seed, restore_rng_state, seed_everything
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
 VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token

@@ -40,48 +40,36 @@ from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
 from analysis.curves import plot_curves, rl_panels, run_label
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import kind_names
-from training import (
-    BEST_CHECKPOINT_FILE,
+from training.checkpoint import BEST_CHECKPOINT_FILE, load_trained, save_checkpoint
+from training.config import (
     COMPILE_MODES,
-    EVAL_FILE,
-    METRICS_FILE,
     ConfigError,
-    DistInfo,
-    RunProgress,
-    SpanStats,
-    UpdateMeans,
-    all_reduce_max,
-    all_reduce_mean,
     check_choice,
     check_positive,
     check_positive_int,
-    check_wandb_config,
     check_whole,
     check_writable,
-    command_line_overrides,
-    env_seeds,
     exit_on_config_error,
-    gather_rank_states,
-    load_trained,
-    progress_bar,
-    rank_seed,
-    read_metrics,
     refuse_added_keys,
-    resolve_device,
-    restore_rng_state,
-    save_checkpoint,
-    save_report,
-    seed_everything,
-    set_metrics,
-    start_logging,
-    start_run,
-    thread_count,
-    use_host,
 )
+from training.distributed import DistInfo, all_reduce_max, all_reduce_mean, resolve_device
 from training.divergence import DivergenceGuard, check_nonfinite_config, resume_remedy
 from training.entry import checked_command_line, train_or_evaluate
 from training.extras import EXTRAS, require
+from training.host import thread_count, use_host
+from training.metrics import (
+    METRICS_FILE,
+    SpanStats,
+    UpdateMeans,
+    check_wandb_config,
+    read_metrics,
+    start_logging,
+)
+from training.progress import progress_bar, set_metrics
+from training.run import RunProgress, gather_rank_states, save_report, start_run
+from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import LR_SCHEDULES
+from training.seeding import env_seeds, rank_seed, restore_rng_state, seed_everything
 
 LEARNERS = ("a2c", "ppo")
 PROGRESS_KEYS = ("return", "success", "rooms_reached", "mmer", "memory_size")

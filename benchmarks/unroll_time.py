@@ -52,9 +52,10 @@ from agents.play import Player
 from agents.rollout import Unroll, collect_unroll
 from agents.update import Learner
 from envs.registry import make_vector_env, named_env
-from training import SpanStats, env_seeds, seed_everything, use_host
 from training.distributed import DistInfo, resolve_device
-from training.host import acting_threads
+from training.host import acting_threads, use_host
+from training.metrics import SpanStats
+from training.seeding import env_seeds, seed_everything
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

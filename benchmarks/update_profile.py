@@ -41,7 +41,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from unroll_time import build_parts, run_arg_parser
 
 from agents.rollout import collect_unroll
-from training import SpanStats
+from training.metrics import SpanStats
 
 PARTS = ("acting", "learner")
 

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import training.run
-from training import MetricsLogger
+from training.metrics import MetricsLogger
 
 ROOT = Path(__file__).resolve().parents[1]
 

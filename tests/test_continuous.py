@@ -22,7 +22,8 @@ from agents.episodes import EpisodeStats
 from agents.play import Player
 from agents.recurrent import RecurrentCore
 from scripts import load_script, script_env
-from training import ConfigError, env_seeds
+from training.config import ConfigError
+from training.seeding import env_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ["env=gym", "env.id=fake_envs:Target-v0", "memory=gru", "memory.dim=16"]

@@ -23,7 +23,7 @@ from agents.encoders import FlatEncoder
 from agents.play import resets_next_step
 from envs.registry import make_env, make_vector_env
 from scripts import load_script, script_env
-from training import ConfigError
+from training.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ["env=gym", "env.id=fake_envs:FakeSpaces-v0", "eval.after_training=false"]
