@@ -11,9 +11,11 @@ environments and gradients are all-reduced.
 
 from __future__ import annotations
 
-import training  # noqa: F401  (first: it sets OpenMP's spin count before anything loads torch)
+from training.openmp import shorten_openmp_spinning
 
-# isort: split
+shorten_openmp_spinning()  # first: OpenMP reads its spin count once, when torch loads it
+
+# ruff: noqa: E402  (the imports below follow that call on purpose)
 
 import json
 import logging
@@ -69,6 +71,7 @@ from training.progress import progress_bar, set_metrics
 from training.run import RunProgress, gather_rank_states, save_report, start_run
 from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import LR_SCHEDULES
+from training.schemas import register_schemas
 from training.seeding import env_seeds, rank_seed, restore_rng_state, seed_everything
 
 LEARNERS = ("a2c", "ppo")
@@ -426,5 +429,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_schemas()
     sys.argv[1:] = checked_command_line(sys.argv[1:], CONFIGS, "rl", check_config)
     main()
