@@ -41,7 +41,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from analysis.curves import lm_panels, plot_curves
+from analysis.report import report_lm_run
 from lm import (
     IGNORE,
     TASKS,
@@ -82,15 +82,9 @@ from training.distributed import (
 from training.divergence import DivergenceGuard, check_nonfinite_config, resume_remedy
 from training.entry import checked_command_line, train_or_evaluate
 from training.host import thread_count, use_host
-from training.metrics import (
-    METRICS_FILE,
-    SpanStats,
-    check_wandb_config,
-    read_metrics,
-    start_logging,
-)
+from training.metrics import SpanStats, check_wandb_config, start_logging
 from training.progress import progress_bar, set_metrics
-from training.run import gather_rank_states, save_report, start_run
+from training.run import gather_rank_states, start_run
 from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import lr_fraction
 from training.schemas import register_schemas
@@ -563,16 +557,14 @@ def report_trained_model(
     dist: DistInfo,
     step: int,
 ) -> None:
-    """What a finished run leaves besides its checkpoints, as train_rl.py's do: RUN_DIR/eval.json,
-    the model scored on eval.split as `mode=eval checkpoint=RUN_DIR` scores it, and
+    """A finished run's report (`analysis.report`), as train_rl.py's: RUN_DIR/eval.json, the
+    model scored on eval.split as `mode=eval checkpoint=RUN_DIR` scores it, and
     RUN_DIR/curves.png, its training and validation curves; then one summary line."""
     result = evaluate_split(model, data, cfg.eval.split, cfg.eval.tokens, cfg.eval_batch_size, dist)
     if not dist.is_main:
         return
     result.update(step=step, checkpoint=CHECKPOINT_FILE)  # beside eval.json: no host path
-    records = read_metrics(run_dir / METRICS_FILE)
-    curves = plot_curves([(cfg.memory.kind, records)], lm_panels(f"valid_{data.metric}"), "updates")
-    save_report(run_dir, result, curves)
+    report_lm_run(run_dir, cfg, result, data.metric)
     metric = f"{cfg.eval.split}_{data.metric}"
     log.info(
         "%s: %.4f over %s tokens of the %s split (%s)",

@@ -39,7 +39,7 @@ from agents.losses import ADVANTAGE_SCALES
 from agents.play import NonFiniteEnvOutput, Player
 from agents.rollout import Unroll, collect_unroll
 from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
-from analysis.curves import plot_curves, rl_panels, run_label
+from analysis.report import report_rl_run
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import kind_names
 from training.checkpoint import BEST_CHECKPOINT_FILE, load_trained, save_checkpoint
@@ -59,16 +59,9 @@ from training.divergence import DivergenceGuard, check_nonfinite_config, resume_
 from training.entry import checked_command_line, train_or_evaluate
 from training.extras import EXTRAS, require
 from training.host import thread_count, use_host
-from training.metrics import (
-    METRICS_FILE,
-    SpanStats,
-    UpdateMeans,
-    check_wandb_config,
-    read_metrics,
-    start_logging,
-)
+from training.metrics import SpanStats, UpdateMeans, check_wandb_config, start_logging
 from training.progress import progress_bar, set_metrics
-from training.run import RunProgress, gather_rank_states, save_report, start_run
+from training.run import RunProgress, gather_rank_states, start_run
 from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import LR_SCHEDULES
 from training.schemas import register_schemas
@@ -379,14 +372,11 @@ def save_training(
 
 
 def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> None:
-    """What a finished run leaves besides its checkpoints: RUN_DIR/eval.json, the trained
-    agent's evaluation by each policy of eval.policy (`evaluate_policies`), and
-    RUN_DIR/curves.png, its learning curves (`python -m analysis.curves`)."""
+    """A finished run's report (`analysis.report`): RUN_DIR/eval.json, the trained agent's
+    evaluation by each policy of eval.policy (`evaluate_policies`), and RUN_DIR/curves.png,
+    its learning curves; then a line per policy."""
     result = evaluate_policies(agent, cfg.env, cfg.eval, cfg.seed)
-    records = read_metrics(run_dir / METRICS_FILE)
-    metric = task_metric(cfg.env.name, records)
-    runs = [(run_label(cfg), records)]
-    save_report(run_dir, result, plot_curves(runs, rl_panels(runs, [metric])))
+    metric = report_rl_run(run_dir, cfg, result)
     for policy, outcome in result.items():
         log.info(
             "%s %s: %.3f over %d episodes (%s)",
