@@ -53,7 +53,7 @@ from lm import (
     source_rows,
 )
 from lm.model import LanguageModel, trained_model
-from memory import CoreOutput, MemoryConfig, MemoryState, kind_names
+from memory import CoreOutput, MemoryState, kind_names
 from training.checkpoint import (
     CHECKPOINT_FILE,
     check_checkpoint_kind,
@@ -87,7 +87,7 @@ from training.progress import progress_bar, set_metrics
 from training.run import gather_rank_states, start_run
 from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import lr_fraction
-from training.schemas import register_schemas
+from training.schemas import memory_config, register_schemas
 from training.seeding import rank_seed, restore_rng_state, seed_everything
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
@@ -148,14 +148,7 @@ def check_config(cfg: DictConfig) -> None:
             "directory of a train_lm.py run"
         )
     check_choice("memory", cfg.memory.kind, kind_names())
-    memory_config(cfg.memory)
-
-
-def memory_config(memory_cfg: DictConfig) -> MemoryConfig:
-    try:  # the memory config checks its own fields (block_len >= 1, dim % heads, ...)
-        return MemoryConfig(**OmegaConf.to_container(memory_cfg, resolve=True))
-    except (TypeError, ValueError) as error:
-        raise ConfigError(str(error)) from None
+    memory_config(cfg.memory)  # (it checks its own fields)
 
 
 def started_in() -> Path:

@@ -169,5 +169,5 @@ def test_an_action_of_several_parts_is_a_one_line_config_error():
             ],
         )
     with pytest.raises(ConfigError, match="several parts") as error:
-        train_rl.check_config(cfg)
+        train_rl.make_envs(cfg.env, cfg.num_envs)
     assert "\n" not in str(error.value)
