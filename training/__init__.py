@@ -25,6 +25,7 @@ A loop uses them in this order:
             ...  #     gathered = gather_rank_states(dist, model, memory=state.state_dict())
             ...  # then on the main rank only:
             ...  #     save_checkpoint(run_dir, {**gathered, "step": step, "model": ...})
+            ...  # last, unless eval.after_training=false: analysis.report's eval.json, curves.png
 
     if __name__ == "__main__":
         register_schemas()                # schemas: before Hydra composes the config
