@@ -18,9 +18,11 @@ from the same data; the checkpoint also holds the carried memory, so it continue
 
 from __future__ import annotations
 
-import training  # noqa: F401  (first: it sets OpenMP's spin count before anything loads torch)
+from training.openmp import shorten_openmp_spinning
 
-# isort: split
+shorten_openmp_spinning()  # first: OpenMP reads its spin count once, when torch loads it
+
+# ruff: noqa: E402  (the imports below follow that call on purpose)
 
 import json
 import logging
@@ -39,7 +41,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from analysis.curves import lm_panels, plot_curves
+from analysis.report import report_lm_run
 from lm import (
     IGNORE,
     TASKS,
@@ -51,48 +53,42 @@ from lm import (
     source_rows,
 )
 from lm.model import LanguageModel, trained_model
-from memory import CoreOutput, MemoryConfig, MemoryState, kind_names
-from training import (
+from memory import CoreOutput, MemoryState, kind_names
+from training.checkpoint import (
     CHECKPOINT_FILE,
-    COMPILE_MODES,
-    EVAL_FILE,
-    METRICS_FILE,
-    ConfigError,
-    DistInfo,
-    SpanStats,
-    all_gather_object,
-    all_reduce_mean,
-    broadcast_object,
     check_checkpoint_kind,
+    checkpoint_file,
+    load_checkpoint,
+    load_trained,
+    save_checkpoint,
+)
+from training.config import (
+    COMPILE_MODES,
+    ConfigError,
     check_choice,
     check_positive,
     check_positive_int,
     check_range,
-    check_wandb_config,
-    checkpoint_file,
-    command_line_overrides,
     exit_on_config_error,
-    gather_rank_states,
-    load_checkpoint,
-    load_trained,
-    progress_bar,
-    rank_seed,
-    read_metrics,
     refuse_added_keys,
+)
+from training.distributed import (
+    DistInfo,
+    all_gather_object,
+    all_reduce_mean,
+    broadcast_object,
     resolve_device,
-    restore_rng_state,
-    save_checkpoint,
-    save_report,
-    seed_everything,
-    set_metrics,
-    start_logging,
-    start_run,
-    thread_count,
-    use_host,
 )
 from training.divergence import DivergenceGuard, check_nonfinite_config, resume_remedy
 from training.entry import checked_command_line, train_or_evaluate
+from training.host import thread_count, use_host
+from training.metrics import SpanStats, check_wandb_config, start_logging
+from training.progress import progress_bar, set_metrics
+from training.run import gather_rank_states, start_run
+from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import lr_fraction
+from training.schemas import memory_config, register_schemas
+from training.seeding import rank_seed, restore_rng_state, seed_everything
 
 PATH_OPTIONS = ("path", "data_dir", "cache_dir", "distractor_file")  # task options naming files
 VOCAB_WEIGHTS = ("embedding.weight", "head.weight", "head.bias")  # one row per token
@@ -152,14 +148,7 @@ def check_config(cfg: DictConfig) -> None:
             "directory of a train_lm.py run"
         )
     check_choice("memory", cfg.memory.kind, kind_names())
-    memory_config(cfg.memory)
-
-
-def memory_config(memory_cfg: DictConfig) -> MemoryConfig:
-    try:  # the memory config checks its own fields (block_len >= 1, dim % heads, ...)
-        return MemoryConfig(**OmegaConf.to_container(memory_cfg, resolve=True))
-    except (TypeError, ValueError) as error:
-        raise ConfigError(str(error)) from None
+    memory_config(cfg.memory)  # (it checks its own fields)
 
 
 def started_in() -> Path:
@@ -561,16 +550,14 @@ def report_trained_model(
     dist: DistInfo,
     step: int,
 ) -> None:
-    """What a finished run leaves besides its checkpoints, as train_rl.py's do: RUN_DIR/eval.json,
-    the model scored on eval.split as `mode=eval checkpoint=RUN_DIR` scores it, and
+    """A finished run's report (`analysis.report`), as train_rl.py's: RUN_DIR/eval.json, the
+    model scored on eval.split as `mode=eval checkpoint=RUN_DIR` scores it, and
     RUN_DIR/curves.png, its training and validation curves; then one summary line."""
     result = evaluate_split(model, data, cfg.eval.split, cfg.eval.tokens, cfg.eval_batch_size, dist)
     if not dist.is_main:
         return
     result.update(step=step, checkpoint=CHECKPOINT_FILE)  # beside eval.json: no host path
-    records = read_metrics(run_dir / METRICS_FILE)
-    curves = plot_curves([(cfg.memory.kind, records)], lm_panels(f"valid_{data.metric}"), "updates")
-    save_report(run_dir, result, curves)
+    report_lm_run(run_dir, cfg, result, data.metric)
     metric = f"{cfg.eval.split}_{data.metric}"
     log.info(
         "%s: %.4f over %s tokens of the %s split (%s)",
@@ -623,5 +610,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_schemas()
     sys.argv[1:] = checked_command_line(sys.argv[1:], CONFIGS, "lm", check_config)
     main()

@@ -11,9 +11,11 @@ environments and gradients are all-reduced.
 
 from __future__ import annotations
 
-import training  # noqa: F401  (first: it sets OpenMP's spin count before anything loads torch)
+from training.openmp import shorten_openmp_spinning
 
-# isort: split
+shorten_openmp_spinning()  # first: OpenMP reads its spin count once, when torch loads it
+
+# ruff: noqa: E402  (the imports below follow that call on purpose)
 
 import json
 import logging
@@ -28,7 +30,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from agents import BASELINE_KINDS, ActorCritic
-from agents.build import build_agent, build_core
+from agents.actor_critic import check_spaces
+from agents.build import build_agent
 from agents.compiled_step import refuse_unchecked_target
 from agents.encoders import NORMALISE
 from agents.episodes import EpisodeStats
@@ -37,51 +40,33 @@ from agents.losses import ADVANTAGE_SCALES
 from agents.play import NonFiniteEnvOutput, Player
 from agents.rollout import Unroll, collect_unroll
 from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
-from analysis.curves import plot_curves, rl_panels, run_label
+from analysis.report import report_rl_run
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import kind_names
-from training import (
-    BEST_CHECKPOINT_FILE,
+from training.checkpoint import BEST_CHECKPOINT_FILE, load_trained, save_checkpoint
+from training.config import (
     COMPILE_MODES,
-    EVAL_FILE,
-    METRICS_FILE,
     ConfigError,
-    DistInfo,
-    RunProgress,
-    SpanStats,
-    UpdateMeans,
-    all_reduce_max,
-    all_reduce_mean,
     check_choice,
     check_positive,
     check_positive_int,
-    check_wandb_config,
     check_whole,
     check_writable,
-    command_line_overrides,
-    env_seeds,
     exit_on_config_error,
-    gather_rank_states,
-    load_trained,
-    progress_bar,
-    rank_seed,
-    read_metrics,
     refuse_added_keys,
-    resolve_device,
-    restore_rng_state,
-    save_checkpoint,
-    save_report,
-    seed_everything,
-    set_metrics,
-    start_logging,
-    start_run,
-    thread_count,
-    use_host,
 )
+from training.distributed import DistInfo, all_reduce_max, all_reduce_mean, resolve_device
 from training.divergence import DivergenceGuard, check_nonfinite_config, resume_remedy
 from training.entry import checked_command_line, train_or_evaluate
 from training.extras import EXTRAS, require
+from training.host import thread_count, use_host
+from training.metrics import SpanStats, UpdateMeans, check_wandb_config, start_logging
+from training.progress import progress_bar, set_metrics
+from training.run import RunProgress, gather_rank_states, start_run
+from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import LR_SCHEDULES
+from training.schemas import memory_config, register_schemas
+from training.seeding import env_seeds, rank_seed, restore_rng_state, seed_everything
 
 LEARNERS = ("a2c", "ppo")
 PROGRESS_KEYS = ("return", "success", "rooms_reached", "mmer", "memory_size")
@@ -97,7 +82,9 @@ log = logging.getLogger(__name__)
 
 
 def check_config(cfg: DictConfig) -> None:
-    """Reject impossible settings before any work is done."""
+    """Reject impossible settings before anything is built. The env checks its id and its
+    own keyword arguments as the run makes it, and the agent the env's spaces (`make_envs`):
+    an arbitrary Gymnasium env's are known no other way."""
     refuse_added_keys(command_line_overrides(), cfg, CONFIGS, OPEN_KEYS)
     check_choice("mode", cfg.mode, ("train", "eval"))
     thread_count(cfg.torch_threads)  # auto, or a positive number
@@ -108,16 +95,8 @@ def check_config(cfg: DictConfig) -> None:
     check_wandb_config(cfg.wandb)
     check_nonfinite_config(cfg)
     check_learner(cfg)
-    single = checked_env(cfg.env)
-    check_choice("memory", cfg.memory.kind, (*kind_names(), *BASELINE_KINDS))
-    try:
-        build_core(cfg.memory)  # the memory config checks its own fields
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
-    try:  # the agent checks the env's observation and action spaces
-        build_agent(cfg, single.observation_space, single.action_space)
-    except ValueError as error:
-        raise ConfigError(f"env.id={cfg.env.id}: {error}") from None
+    check_env(cfg.env)
+    check_memory(cfg.memory)
     check_eval(cfg)
 
 
@@ -153,19 +132,36 @@ def check_learner(cfg: DictConfig) -> None:
             raise ConfigError(str(error)) from None
 
 
-def checked_env(env_cfg: DictConfig) -> gym.Env:
-    """One environment of the config, closed, for its spaces: the env checks its id and its
-    own keyword arguments."""
+def check_env(env_cfg: DictConfig) -> None:
+    """The trainer's own env settings: which env, and how a Gymnasium env is batched, seen and
+    limited."""
     check_choice("env", env_cfg.name, NAMED_ENVS)
-    env = named_env(env_cfg.name)
-    if env.any_gym_id:
+    if named_env(env_cfg.name).any_gym_id:
         check_choice("env.vectorization", env_cfg.vectorization, VECTORIZATIONS)
         check_choice("env.normalise_observations", env_cfg.normalise_observations, NORMALISE)
         if env_cfg.max_episode_steps is not None:
             check_positive_int("env.max_episode_steps", env_cfg.max_episode_steps)
+
+
+def check_memory(memory_cfg: DictConfig) -> None:
+    """The core's settings, from the fields alone: a memory transformer's config checks its
+    own (`memory_config`); a recurrent or feed-forward baseline takes a positive dim and
+    num_layers."""
+    check_choice("memory", memory_cfg.kind, (*kind_names(), *BASELINE_KINDS))
+    if memory_cfg.kind in BASELINE_KINDS:
+        for key in ("dim", "num_layers"):
+            check_positive_int(f"memory.{key}", memory_cfg[key])
+    else:
+        memory_config(memory_cfg)
+
+
+def make_envs(env_cfg: DictConfig, num_envs: int) -> gym.vector.VectorEnv:
+    """The run's environments, made before the agent: the env checks its id and its own
+    keyword arguments as it is made, and the agent its spaces (`check_spaces`); a bad one is a
+    config error."""
+    any_gym_id = named_env(env_cfg.name).any_gym_id
     try:
-        single = make_env(env_cfg)
-        single.close()
+        vec_env = make_vector_env(env_cfg, num_envs)
     except (gym.error.UnregisteredEnv, ImportError) as error:
         if isinstance(error, ImportError) and error.name in EXTRAS:
             require(error.name)
@@ -176,11 +172,16 @@ def checked_env(env_cfg: DictConfig) -> gym.Env:
     except ValueError as error:
         raise ConfigError(f"env={env_cfg.name}: {error}") from None
     except TypeError as error:  # a keyword argument the env does not take
-        where = "env.kwargs" if env.any_gym_id else "the env.* settings but name and id"
+        where = "env.kwargs" if any_gym_id else "the env.* settings but name and id"
         raise ConfigError(
             f"env={env_cfg.name}: {error}; {where} are the environment's keyword arguments"
         ) from None
-    return single
+    try:
+        check_spaces(vec_env.single_observation_space, vec_env.single_action_space)
+    except ValueError as error:
+        vec_env.close()
+        raise ConfigError(f"env.id={env_cfg.id}: {error}") from None
+    return vec_env
 
 
 def check_eval(cfg: DictConfig) -> None:
@@ -213,7 +214,7 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         bootstrap_truncated = not named_env(cfg.env.name).step_limit_ends_episode
         gym_path = named_env(cfg.env.name).any_gym_id
 
-        vec_env = make_vector_env(cfg.env, cfg.num_envs)
+        vec_env = make_envs(cfg.env, cfg.num_envs)
         resources.callback(vec_env.close)
         agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
         agent.to(dist.device)
@@ -388,14 +389,11 @@ def save_training(
 
 
 def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> None:
-    """What a finished run leaves besides its checkpoints: RUN_DIR/eval.json, the trained
-    agent's evaluation by each policy of eval.policy (`evaluate_policies`), and
-    RUN_DIR/curves.png, its learning curves (`python -m analysis.curves`)."""
+    """A finished run's report (`analysis.report`): RUN_DIR/eval.json, the trained agent's
+    evaluation by each policy of eval.policy (`evaluate_policies`), and RUN_DIR/curves.png,
+    its learning curves; then a line per policy."""
     result = evaluate_policies(agent, cfg.env, cfg.eval, cfg.seed)
-    records = read_metrics(run_dir / METRICS_FILE)
-    metric = task_metric(cfg.env.name, records)
-    runs = [(run_label(cfg), records)]
-    save_report(run_dir, result, plot_curves(runs, rl_panels(runs, [metric])))
+    metric = report_rl_run(run_dir, cfg, result)
     for policy, outcome in result.items():
         log.info(
             "%s %s: %.3f over %d episodes (%s)",
@@ -438,5 +436,6 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_schemas()
     sys.argv[1:] = checked_command_line(sys.argv[1:], CONFIGS, "rl", check_config)
     main()

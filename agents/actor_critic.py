@@ -12,7 +12,7 @@ from torch import nn
 from agents.compiled_step import CompiledStep
 from agents.core import Core
 from agents.distributions import Gaussian, PolicyParams, sample, sampling_noise
-from agents.encoders import make_encoder
+from agents.encoders import check_observation_space, make_encoder
 from memory import CoreOutput
 from memory.linear import Linear
 from training.host import acting_threads
@@ -70,6 +70,14 @@ def action_width(space: spaces.Space) -> int:
         "one-dimensional MultiDiscrete spaces starting at 0 (categorical policies) and "
         "one-dimensional Box spaces (a Gaussian policy); flatten or wrap it into one of them"
     )
+
+
+def check_spaces(obs_space: spaces.Space, action_space: spaces.Space) -> None:
+    """Raises ValueError, saying how to fix it, unless the agent can act in ``action_space``
+    (`action_width`) and observe ``obs_space`` (`check_observation_space`): what a run checks
+    of the env it made before it builds the agent."""
+    action_width(action_space)
+    check_observation_space(obs_space)
 
 
 def policy_head(space: spaces.Space, dim: int) -> tuple[nn.Module, list[nn.Linear]]:

@@ -21,6 +21,8 @@ from memory.linear import Linear
 
 IMAGE_MIN_SIZE = 8  # an (H, W, C) uint8 Box with H, W >= 8 and pixel values above 1 is an image
 NORMALISE = ("auto", True, False)  # env.normalise_observations: auto = where a Box is unbounded
+# The spaces with an encoder of their own; Tuple and Dict spaces of them have `CompositeEncoder`.
+ENCODED_SPACES = spaces.Box | spaces.MultiBinary | spaces.Discrete | spaces.MultiDiscrete
 
 
 def map_observation(fn: Callable[..., Any], *observations: Any) -> Any:
@@ -193,10 +195,26 @@ def update_statistics(encoder: nn.Module, obs: Any) -> None:
         encoder.update_statistics(obs)
 
 
+def check_observation_space(space: spaces.Space) -> None:
+    """Raises ValueError, saying what would do, unless `make_encoder` has an encoder for
+    ``space``: a Box, MultiBinary, Discrete or MultiDiscrete space, or a Tuple or Dict of them
+    (nested or not)."""
+    if isinstance(space, spaces.Tuple | spaces.Dict):
+        parts = space.spaces.values() if isinstance(space, spaces.Dict) else space.spaces
+        for part in parts:
+            check_observation_space(part)
+    elif not isinstance(space, ENCODED_SPACES):
+        raise ValueError(
+            f"no encoder for observation space {space}: use Box, MultiBinary, Discrete, "
+            "MultiDiscrete, or a Tuple or Dict of them (e.g. wrap the env to drop other parts)"
+        )
+
+
 def make_encoder(space: spaces.Space, dim: int, normalise: bool | str = "auto") -> nn.Module:
-    """The encoder of observations from ``space``, to vectors of size ``dim``. ``normalise``:
-    whether Box observations (not images) go through running statistics first; "auto": those
-    of unbounded float Boxes (`unbounded`)."""
+    """The encoder of observations from ``space`` (`check_observation_space`), to vectors of
+    size ``dim``. ``normalise``: whether Box observations (not images) go through running
+    statistics first; "auto": those of unbounded float Boxes (`unbounded`)."""
+    check_observation_space(space)
     if is_image(space):
         return ImageEncoder(space.shape, dim)
     if isinstance(space, spaces.Box | spaces.MultiBinary):
@@ -204,9 +222,4 @@ def make_encoder(space: spaces.Space, dim: int, normalise: bool | str = "auto") 
         return FlatEncoder(space.shape, dim, on and isinstance(space, spaces.Box))
     if isinstance(space, spaces.Discrete | spaces.MultiDiscrete):
         return EmbeddingEncoder(space, dim)
-    if isinstance(space, spaces.Tuple | spaces.Dict):
-        return CompositeEncoder(space, dim, normalise)
-    raise ValueError(
-        f"no encoder for observation space {space}: use Box, MultiBinary, Discrete, "
-        "MultiDiscrete, or a Tuple or Dict of them (e.g. wrap the env to drop other parts)"
-    )
+    return CompositeEncoder(space, dim, normalise)

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from matplotlib.figure import Figure
 
-from training import METRICS_FILE, read_metrics
+from training.metrics import METRICS_FILE, read_metrics
 
 LAST_FRACTION = 0.1
 MMER_WINDOW = 64_000

@@ -31,7 +31,9 @@ from analysis.results import PlotError, find_run_dirs, logged_values
 from analysis.runs import RL, require_run_kind, saved_config
 from analysis.settings import KIND_STYLES
 from envs.registry import task_metric
-from training import CONFIG_FILE, EVAL_FILE, METRICS_FILE, atomic_open, read_metrics
+from training.files import atomic_open
+from training.metrics import METRICS_FILE, read_metrics
+from training.run_dir import CONFIG_FILE, EVAL_FILE
 
 
 @dataclass

@@ -14,7 +14,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from analysis.settings import KIND_STYLES, Setting, by_figure
-from training import atomic_open
+from training.files import atomic_open
 
 OTHER_STYLES = [  # colour, marker for any other kind
     ("tab:orange", "v"),

@@ -36,7 +36,8 @@ from omegaconf import OmegaConf
 from agents import BASELINE_KINDS
 from analysis.runs import LM, run_kind
 from envs.registry import NAMED_ENVS
-from training import CONFIG_FILE, EVAL_FILE, METRICS_FILE, read_metrics
+from training.metrics import METRICS_FILE, read_metrics
+from training.run_dir import CONFIG_FILE, EVAL_FILE
 
 FINAL_POINTS = 5
 MEMORY_SIZE = "memory_size"

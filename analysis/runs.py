@@ -15,8 +15,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from lm.tasks import task_options
-from training import CONFIG_FILE, load_checkpoint
+from training.checkpoint import load_checkpoint
 from training.config import CONFIG_ERROR_EXIT_CODE
+from training.run_dir import CONFIG_FILE
 
 
 @dataclass(frozen=True)

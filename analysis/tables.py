@@ -38,8 +38,8 @@ from analysis.settings import (
     summarize,
     warn,
 )
-from training import atomic_open
 from training.extras import installed
+from training.files import atomic_open
 
 LOWER_BETTER = ("error", "bpb", "loss")  # metrics (by their ending) where less is better
 RUN_COLUMNS = [f.name for f in fields(RunResult) if f.name != "config"]

@@ -26,7 +26,7 @@ from omegaconf import OmegaConf
 from analysis.aggregate import score_run
 from analysis.results import PlotError, RunResult
 from analysis.settings import collect
-from training import atomic_open
+from training.files import atomic_open
 
 TUNED = ("agent.epochs", "agent.lr_schedule")  # the settings the grid varies
 COMMAND = "python -m analysis.tuning"

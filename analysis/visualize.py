@@ -32,7 +32,7 @@ from lm.data import BYTE_VOCAB, TaskDataError
 from lm.instruction import NEWLINE, UNK, tokenize
 from lm.model import LanguageModel, trained_model
 from lm.tasks import load_task
-from training import load_checkpoint
+from training.checkpoint import load_checkpoint
 from training.config import exit_on_config_error
 
 COLOURMAP = "Blues"  # darker: a longer span, as in the paper's figures

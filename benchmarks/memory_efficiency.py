@@ -78,7 +78,7 @@ from torch import nn
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from memory import CoreOutput, MemoryConfig, MemoryState, MemoryTransformer, kind_names
-from training import COMPILE_MODES
+from training.config import COMPILE_MODES
 from training.host import return_freed_memory
 
 VOCAB = 256

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from agents.recurrent import GRULayers
-from training import use_host
+from training.host import use_host
 
 
 def median_ms(call, repeats: int) -> float:

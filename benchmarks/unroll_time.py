@@ -26,9 +26,11 @@ own cost; and `acting_ops_per_step`, the operations Python calls per step.
 
 from __future__ import annotations
 
-import training  # noqa: F401  (first: it sets OpenMP's spin count, as for train_rl.py)
+from training.openmp import shorten_openmp_spinning
 
-# isort: split
+shorten_openmp_spinning()  # first: OpenMP reads its spin count once, when torch loads it
+
+# ruff: noqa: E402  (the imports below follow that call on purpose)
 
 import argparse
 import json
@@ -52,9 +54,11 @@ from agents.play import Player
 from agents.rollout import Unroll, collect_unroll
 from agents.update import Learner
 from envs.registry import make_vector_env, named_env
-from training import SpanStats, env_seeds, seed_everything, use_host
 from training.distributed import DistInfo, resolve_device
-from training.host import acting_threads
+from training.host import acting_threads, use_host
+from training.metrics import SpanStats
+from training.schemas import register_schemas
+from training.seeding import env_seeds, seed_everything
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
@@ -179,6 +183,7 @@ def build_parts(overrides: list[str], threads: str, updates: int) -> RunParts:
     """The envs, agent, learner (its schedule over ``updates``), player and unroll buffers of
     the train_rl.py run of ``overrides``, built as train_rl.py builds them, on ``threads``
     torch threads ("auto" or a number)."""
+    register_schemas()
     with initialize_config_dir(config_dir=str(CONFIGS), version_base=None):
         cfg = compose("rl", overrides=overrides)
     threads = use_host(threads if threads == "auto" else int(threads))

@@ -27,9 +27,11 @@ a region the compiler fails on runs eagerly, its error logged.
 
 from __future__ import annotations
 
-import training  # noqa: F401  (first: it sets OpenMP's spin count, as for train_rl.py)
+from training.openmp import shorten_openmp_spinning
 
-# isort: split
+shorten_openmp_spinning()  # first: OpenMP reads its spin count once, when torch loads it
+
+# ruff: noqa: E402  (the imports below follow that call on purpose)
 
 import json
 import time
@@ -41,7 +43,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 from unroll_time import build_parts, run_arg_parser
 
 from agents.rollout import collect_unroll
-from training import SpanStats
+from training.metrics import SpanStats
 
 PARTS = ("acting", "learner")
 

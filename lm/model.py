@@ -41,7 +41,8 @@ class LanguageModel(nn.Module):
 
 
 def trained_model(checkpoint: dict) -> LanguageModel:
-    """The model a train_lm.py checkpoint holds (see `training.load_checkpoint`), in eval mode."""
+    """The model a train_lm.py checkpoint holds (`training.checkpoint.load_checkpoint`), in
+    eval mode."""
     model = LanguageModel(len(checkpoint["vocab"]), MemoryConfig(**checkpoint["config"]["memory"]))
     model.load_state_dict(checkpoint["model"])
     return model.eval()

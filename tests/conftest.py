@@ -1,7 +1,11 @@
-"""Fixtures that several test modules share."""
+"""Fixtures that several test modules share, and the Hydra schema their configs need."""
 
 import pytest
 import torch
+
+from training.schemas import register_schemas
+
+register_schemas()  # (the tests compose the trainers' configs, as a trainer does once it starts)
 
 
 @pytest.fixture

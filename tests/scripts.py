@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import training.run
-from training import MetricsLogger
+from training.metrics import MetricsLogger
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def script_env() -> dict[str, str]:
 
 
 def record_closing(monkeypatch) -> list[str]:
-    """Makes the metrics logger and a training run's process group (`training.start_run`)
+    """Makes the metrics logger and a training run's process group (`training.run.start_run`)
     note when they are closed (in the list returned); the logger notes its W&B exit code."""
     closed = []
     monkeypatch.setattr(

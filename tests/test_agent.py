@@ -43,8 +43,8 @@ from envs.registry import make_env, make_vector_env
 from memory import MemoryConfig, MemoryTransformer, kind_names
 from memory.expire_span import SpanPredictor
 from memory.store import EMPTY
-from training import SpanStats
 from training.distributed import DistInfo
+from training.metrics import SpanStats
 from training.seeding import env_seeds
 
 OBS_SHAPE = (3, 3, 7)

@@ -193,8 +193,8 @@ def test_recurrent_cells_times_each_layer_in_both_shapes():
 @pytest.mark.parametrize("module", ["train_rl", "train_lm", "unroll_time"])
 def test_the_trainers_shorten_openmp_spinning_before_torch_loads(module):
     """GOMP_SPINCOUNT is read once, when torch loads OpenMP: importing an entry script sets
-    its default (training/__init__.py) before anything imports torch; a user's own value
-    wins."""
+    its default (its first call, `shorten_openmp_spinning`) before anything imports torch; a
+    user's own value wins."""
     watch = (
         "import importlib.abc, os, sys\n"
         "class Watch(importlib.abc.MetaPathFinder):\n"

@@ -22,7 +22,8 @@ from agents.episodes import EpisodeStats
 from agents.play import Player
 from agents.recurrent import RecurrentCore
 from scripts import load_script, script_env
-from training import ConfigError, env_seeds
+from training.config import ConfigError
+from training.seeding import env_seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = ["env=gym", "env.id=fake_envs:Target-v0", "memory=gru", "memory.dim=16"]
@@ -168,5 +169,5 @@ def test_an_action_of_several_parts_is_a_one_line_config_error():
             ],
         )
     with pytest.raises(ConfigError, match="several parts") as error:
-        train_rl.check_config(cfg)
+        train_rl.make_envs(cfg.env, cfg.num_envs)
     assert "\n" not in str(error.value)

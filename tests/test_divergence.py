@@ -22,8 +22,9 @@ from tiny_rl import STEPS_PER_UPDATE, TINY_MEMORY, TINY_RUN
 
 from agents.play import NonFiniteEnvOutput, refuse_nonfinite
 from scripts import ROOT, script_env
-from training import DistInfo, UpdateMeans
+from training.distributed import DistInfo
 from training.divergence import DIVERGENCE_EXIT_CODE, DivergenceError, DivergenceGuard
+from training.metrics import UpdateMeans
 
 PROGRESS_LINE = re.compile(r"\s*\d+%")  # the progress bar's lines on a stderr that is a file
 

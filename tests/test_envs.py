@@ -651,7 +651,6 @@ def test_the_env_registry_matches_the_env_configs():
     named env is made, single and batched, from its config as it stands."""
     from hydra import compose, initialize_config_dir
 
-    import training.schemas  # noqa: F401  (registers the schema configs/memory/ extends)
     from envs.registry import NAMED_ENVS, make_env, make_vector_env
 
     configs = Path(__file__).resolve().parents[1] / "configs"

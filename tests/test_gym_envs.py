@@ -23,7 +23,7 @@ from agents.encoders import FlatEncoder
 from agents.play import resets_next_step
 from envs.registry import make_env, make_vector_env
 from scripts import load_script, script_env
-from training import ConfigError
+from training.config import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 FAKE = ["env=gym", "env.id=fake_envs:FakeSpaces-v0", "eval.after_training=false"]
@@ -116,7 +116,7 @@ def test_float_observations_reach_the_encoder_unchanged(tmp_path, monkeypatch):
 def test_an_unknown_id_is_a_one_line_config_error(env_id):
     train_rl = load_script("train_rl")
     with pytest.raises(ConfigError, match="pprint_registry") as error:
-        train_rl.check_config(compose_rl(["env=gym", f"env.id={env_id}"]))
+        train_rl.make_envs(compose_rl(["env=gym", f"env.id={env_id}"]).env, 1)
     assert f"env.id={env_id} is not a registered" in str(error.value)
     assert "\n" not in str(error.value)
 

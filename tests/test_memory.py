@@ -734,8 +734,6 @@ def test_hydra_config_files_hold_the_corridor_values(kind):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    import training.schemas  # noqa: F401  (registers the schema the files extend)
-
     configs = Path(__file__).parents[1] / "configs"
     with initialize_config_dir(config_dir=str(configs), version_base=None):
         composed = compose("rl", overrides=[f"memory={kind}", "preset=paper"]).memory

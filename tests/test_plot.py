@@ -26,7 +26,8 @@ from analysis.probes import probe_groups
 from analysis.results import FINAL_POINTS, PlotError, read_run
 from analysis.settings import label_settings, summarize
 from analysis.tables import markdown_table
-from training import MetricsLogger, save_resolved_config
+from training.metrics import MetricsLogger
+from training.run_dir import save_resolved_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FIGURE_SHAPE = (600, 825)  # 5.5 x 4 inches at 150 dpi

@@ -7,8 +7,7 @@ import pytest
 
 from agents.play import seeds_taken_by
 from envs.registry import make_vector_env
-from training import env_seeds, rank_seed
-from training.seeding import PURPOSES
+from training.seeding import PURPOSES, env_seeds, rank_seed
 
 NUM_ENVS = 8
 STEPS = 200  # several episodes of a short Corridor

@@ -25,7 +25,10 @@ from analysis import collision_probe, instruction_probe, visualize
 from lm import IGNORE, load_task
 from lm.collision import CollisionRules, baseline_errors, simulate, split_seed
 from scripts import load_script, record_closing
-from training import ConfigError, DistInfo, resumed_config, save_checkpoint
+from training.checkpoint import save_checkpoint
+from training.config import ConfigError
+from training.distributed import DistInfo
+from training.resume import resumed_config
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_FILE = Path(argparse.__file__)  # ~100 kB of English and Python that every Python ships

@@ -24,7 +24,8 @@ from agents.build import build_agent
 from envs.registry import make_env
 from memory import kind_names
 from scripts import claimed_by_another_process, load_script, record_closing
-from training import env_seeds, save_resolved_config
+from training.run_dir import save_resolved_config
+from training.seeding import env_seeds
 
 pytestmark = pytest.mark.slow  # train_rl.py in subprocesses, test by test
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,44 +29,27 @@ from omegaconf import OmegaConf
 import training.host
 import training.progress
 from scripts import claimed_by_another_process
-from training import (
+from training.checkpoint import check_checkpoint_kind, load_checkpoint, save_checkpoint
+from training.config import (
     ConfigError,
-    DistInfo,
-    MetricsLogger,
-    SpanStats,
-    all_reduce_mean,
-    atomic_open,
-    check_checkpoint_kind,
     check_choice,
     check_positive,
     check_positive_int,
     check_range,
-    check_run_dir_argument,
-    check_wandb_config,
     check_whole,
     exit_on_config_error,
-    get_run_dir,
-    load_checkpoint,
-    progress_bar,
-    read_metrics,
     refuse_added_keys,
-    resolve_device,
-    restore_rng_state,
-    resume_checkpoint,
-    rng_state,
-    save_checkpoint,
-    save_resolved_config,
-    seed_everything,
-    set_metrics,
-    setup_distributed,
-    start_run,
-    thread_count,
 )
+from training.distributed import DistInfo, all_reduce_mean, resolve_device, setup_distributed
 from training.extras import EXTRAS, LAUNCHERS, require, require_launcher
-from training.files import DiskFullError
-from training.host import GPU_FILLING_ENVS, describe_device
-from training.resume import given_keys
-from training.run_dir import claim_run_dir, refuse_claimed
+from training.files import DiskFullError, atomic_open
+from training.host import GPU_FILLING_ENVS, describe_device, thread_count
+from training.metrics import MetricsLogger, SpanStats, check_wandb_config, read_metrics
+from training.progress import progress_bar, set_metrics
+from training.resume import check_run_dir_argument, given_keys, resume_checkpoint
+from training.run import start_run
+from training.run_dir import claim_run_dir, get_run_dir, refuse_claimed, save_resolved_config
+from training.seeding import restore_rng_state, rng_state, seed_everything
 
 NO_WANDB = {"wandb": {"mode": "disabled"}}
 
@@ -164,7 +147,9 @@ def test_hydra_entry_point_exits_2_without_traceback_before_any_work(tmp_path):
         textwrap.dedent(
             """
             import hydra
-            from training import check_wandb_config, exit_on_config_error, get_run_dir
+            from training.config import exit_on_config_error
+            from training.metrics import check_wandb_config
+            from training.run_dir import get_run_dir
 
             @hydra.main(version_base=None, config_path="conf", config_name="config")
             @exit_on_config_error
@@ -547,7 +532,7 @@ def _free_port() -> int:
 
 
 def _distributed_worker(rank: int, port: int, out_dir: str) -> None:
-    from training import all_gather_object, cleanup_distributed
+    from training.distributed import all_gather_object, cleanup_distributed
 
     os.environ.update(
         RANK=str(rank),

@@ -1,8 +1,8 @@
-"""The start, the checkpoints and the end of a training run, as both trainers take them."""
+"""The start and the checkpoints of a training run, as both trainers take them (a finished
+run's report is `analysis.report`'s)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 from collections.abc import Mapping
@@ -13,7 +13,6 @@ from typing import Any
 
 import torch
 from hydra.core.hydra_config import HydraConfig
-from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
 from training.composition import describe_start
@@ -25,9 +24,8 @@ from training.distributed import (
     gather_parameter_digests,
     setup_distributed,
 )
-from training.files import atomic_open
 from training.host import describe_device, use_host
-from training.run_dir import CURVES_FILE, EVAL_FILE, get_run_dir
+from training.run_dir import get_run_dir
 from training.seeding import rng_state
 
 log = logging.getLogger(__name__)
@@ -85,12 +83,3 @@ def gather_rank_states(dist: DistInfo, model: torch.nn.Module, **carried: Any) -
         gathered[name] = all_gather_object(value, dist)
     gathered["parameter_digests"] = gather_parameter_digests(model, dist)
     return gathered
-
-
-def save_report(run_dir: Path, result: Mapping[str, Any], curves: Figure) -> None:
-    """What a finished run leaves besides its checkpoints: RUN_DIR/eval.json, its evaluation,
-    and RUN_DIR/curves.png, its learning curves, each written atomically."""
-    with atomic_open(run_dir / EVAL_FILE, "w") as file:
-        json.dump(result, file)
-    with atomic_open(run_dir / CURVES_FILE, "wb") as file:
-        curves.savefig(file, format="png", dpi=110)
