@@ -41,7 +41,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from torch.nn.parallel import DistributedDataParallel
 
-from analysis.report import report_lm_run
 from lm import (
     IGNORE,
     TASKS,
@@ -557,6 +556,8 @@ def report_trained_model(
     if not dist.is_main:
         return
     result.update(step=step, checkpoint=CHECKPOINT_FILE)  # beside eval.json: no host path
+    from analysis.report import report_lm_run  # (matplotlib: imported once a run ends)
+
     report_lm_run(run_dir, cfg, result, data.metric)
     metric = f"{cfg.eval.split}_{data.metric}"
     log.info(

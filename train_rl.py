@@ -40,7 +40,6 @@ from agents.losses import ADVANTAGE_SCALES
 from agents.play import NonFiniteEnvOutput, Player
 from agents.rollout import Unroll, collect_unroll
 from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
-from analysis.report import report_rl_run
 from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
 from memory import kind_names
 from training.checkpoint import BEST_CHECKPOINT_FILE, load_trained, save_checkpoint
@@ -393,6 +392,8 @@ def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> 
     evaluation by each policy of eval.policy (`evaluate_policies`), and RUN_DIR/curves.png,
     its learning curves; then a line per policy."""
     result = evaluate_policies(agent, cfg.env, cfg.eval, cfg.seed)
+    from analysis.report import report_rl_run  # (matplotlib: imported once a run ends)
+
     metric = report_rl_run(run_dir, cfg, result)
     for policy, outcome in result.items():
         log.info(
