@@ -1,11 +1,22 @@
 """Fixtures that several test modules share, and the Hydra schema their configs need."""
 
+import os
+
 import pytest
 import torch
 
 from training.schemas import register_schemas
 
 register_schemas()  # (the tests compose the trainers' configs, as a trainer does once it starts)
+
+# Under pytest-xdist each worker takes its share of the cores, and so do the trainers it runs in
+# this process (torch_threads=auto reads OMP_NUM_THREADS) or starts: OpenMP threads beyond the
+# cores spin against each other, and tiny tensors then take many times longer.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    share = max(1, torch.get_num_threads() // WORKERS)
+    torch.set_num_threads(share)
+    os.environ["OMP_NUM_THREADS"] = str(share)
 
 
 @pytest.fixture

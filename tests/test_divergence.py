@@ -270,6 +270,7 @@ def diverged_rl_run(tmp_path_factory):
     return result, root / "run", root / "short"
 
 
+@pytest.mark.xdist_group("diverged_runs")  # (its module-scoped fixture)
 @pytest.mark.slow
 def test_a_diverging_rl_run_stops_in_one_line_keeping_its_last_finite_state(diverged_rl_run):
     result, run_dir, short = diverged_rl_run
@@ -348,6 +349,7 @@ def diverged_lm_run(tmp_path_factory):
     return result, run_dir, finite
 
 
+@pytest.mark.xdist_group("diverged_runs")  # (its module-scoped fixture)
 @pytest.mark.slow
 def test_a_diverging_lm_run_stops_in_one_line_keeping_its_last_finite_state(diverged_lm_run):
     result, run_dir, finite = diverged_lm_run
@@ -385,6 +387,7 @@ def test_lm_skip_undoes_the_update_and_stops_after_nonfinite_skips(tmp_path):
     assert lines[2]["train_loss"] is None and lines[1]["train_loss"] is not None
 
 
+@pytest.mark.xdist_group("diverged_runs")  # (its module-scoped fixture)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "trainer, rates, expected",

@@ -523,6 +523,7 @@ def expected_from_files(run_dir):
     return kind, success, final([r["memory_size"] for r in records]), records[-1]["step"]
 
 
+@pytest.mark.xdist_group("real_sweep")  # (its module-scoped fixture)
 @pytest.mark.slow
 def test_real_sweep_points_and_csv_match_the_metrics_files(real_sweep, tmp_path, capsys):
     out = tmp_path / "out"
@@ -565,6 +566,7 @@ def test_real_sweep_points_and_csv_match_the_metrics_files(real_sweep, tmp_path,
     assert table[5].startswith("| Transformer-XL | 16 | 1 |")
 
 
+@pytest.mark.xdist_group("real_sweep")  # (its module-scoped fixture)
 @pytest.mark.slow
 def test_real_sweep_with_runs_not_done_yet(real_sweep, tmp_path, capsys):
     sweep = tmp_path / "sweep"

@@ -274,6 +274,7 @@ def valid_start(size: int) -> int:
     return size - 2 * int(size * 0.05)
 
 
+@pytest.mark.xdist_group("text_run")  # (its module-scoped fixture)
 @pytest.mark.slow
 def test_text_run_predicts_bytes_better_than_their_frequencies(text_run):
     data = TEXT_FILE.read_bytes()
@@ -291,6 +292,7 @@ def test_text_run_predicts_bytes_better_than_their_frequencies(text_run):
         assert 0 <= last[f"span/l{layer}_near_zero"] <= 1
 
 
+@pytest.mark.xdist_group("text_run")  # (its module-scoped fixture)
 @pytest.mark.slow
 def test_eval_mode_scores_a_checkpoint_as_training_did(text_run):
     result = run(["mode=eval", f"checkpoint={text_run}", "eval.split=valid", "eval.tokens=4096"],
@@ -665,6 +667,7 @@ def memory_spans(model, ids, num_layers):
     return found
 
 
+@pytest.mark.xdist_group("text_run")  # (its module-scoped fixture)
 @pytest.mark.slow
 def test_visualization_shows_the_models_spans_one_row_per_layer(text_run, tmp_path):
     out = tmp_path / "spans"
@@ -696,6 +699,7 @@ def test_visualization_shows_the_models_spans_one_row_per_layer(text_run, tmp_pa
     assert [label for label in labels if label.startswith("layer")] == ["layer 1", "layer 2"]
 
 
+@pytest.mark.xdist_group("text_run")  # (its module-scoped fixture)
 @pytest.mark.slow
 def test_visualization_reads_a_split_of_the_trained_task(text_run, tmp_path):
     out = tmp_path / "valid"
@@ -707,6 +711,7 @@ def test_visualization_reads_a_split_of_the_trained_task(text_run, tmp_path):
     assert shown["tokens"] == list(TEXT_FILE.read_bytes()[start : start + 64])
 
 
+@pytest.mark.xdist_group("text_run")  # (its module-scoped fixture)
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "probe, task", [(collision_probe, "collision"), (instruction_probe, "instruction")]
@@ -739,6 +744,7 @@ def rl_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.xdist_group("rl_run")  # (its module-scoped fixture)
 @pytest.mark.parametrize(
     "tool, args",
     [
