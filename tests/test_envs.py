@@ -516,6 +516,7 @@ def test_rgb_frames_have_one_size_and_show_the_cue_and_the_agent():
 
 
 def test_record_video_writes_a_corridor_episode(tmp_path):
+    pytest.importorskip("moviepy", reason='the video extra: pip install -e ".[video]"')
     env = gym.make(CORRIDOR, min_length=3, max_length=6, render_mode="rgb_array")
     env = gym.wrappers.RecordVideo(env, str(tmp_path / "videos"), disable_logger=True)
     env.reset(seed=0)

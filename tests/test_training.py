@@ -800,6 +800,10 @@ def test_an_optional_part_used_without_its_extra_names_the_extra(monkeypatch):
     with pytest.raises(ConfigError, match="no_such_module"):
         require_launcher(["seed=1", "hydra/launcher=nowhere"])
     require_launcher(["hydra/launcher=basic"])  # Hydra's own: nothing to install
+
+
+def test_an_installed_extra_is_required_without_a_word():
+    pytest.importorskip("popgym", reason='the popgym extra: pip install -e ".[popgym]"')
     require("popgym")  # installed by scripts/setup.sh
 
 
