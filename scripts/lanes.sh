@@ -47,7 +47,8 @@ run_lanes() {
     mkdir -p "$runs"
     for i in $(seq "$lanes"); do
         lane "$i" "$runs" "$kept" &
-        sleep 5  # (so that two lanes do not claim the same first run at once)
+        # (so that two lanes do not claim the same first run at once; none after the last)
+        if [ "$i" -lt "$lanes" ]; then sleep 5; fi
     done
     wait
 }
