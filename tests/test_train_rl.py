@@ -3,6 +3,7 @@ torchrun with two processes."""
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -98,6 +99,21 @@ def test_unknown_env_names_the_valid_choices(tmp_path):
         assert choice in result.stderr
 
 
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A tiny run of two updates, evaluated after training (eval.json, curves.png); a test
+    that resumes, evaluates or replaces a finished run takes a copy (`copy_of`)."""
+    run_dir = tmp_path_factory.mktemp("finished") / "run"
+    result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
+    assert result.returncode == 0, result.stderr
+    return run_dir
+
+
+def copy_of(run_dir: Path, tmp_path: Path) -> Path:
+    """A finished run's directory copied to TMP_PATH/run, its own to change."""
+    return Path(shutil.copytree(run_dir, tmp_path / "run"))
+
+
 def start_and_kill(args, run_dir, lines, refuse_second=False):
     """Starts a train_rl.py run and kills it (SIGKILL) once it has logged `lines` metrics
     lines (with `refuse_second`, after asserting that a second process is refused its live
@@ -153,12 +169,11 @@ def test_killed_run_resumes_without_losing_or_repeating_metrics(tmp_path):
     assert resumed["step"] == expected[-1]
 
 
-def test_an_annealed_run_refuses_a_new_budget_on_resume(tmp_path):
+@pytest.mark.xdist_group("finished_run")  # (its module-scoped fixture)
+def test_an_annealed_run_refuses_a_new_budget_on_resume(finished_run, tmp_path):
     """The Corridor's default anneals the rate over total_steps: a resume with another budget
     cannot continue it exactly and is refused in one line, before anything is written."""
-    run_dir = tmp_path / "run"
-    result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
-    assert result.returncode == 0, result.stderr
+    run_dir = copy_of(finished_run, tmp_path)  # (of 2 updates)
     before = (run_dir / "metrics.jsonl").read_text()
     result = run([*TINY_RL, f"total_steps={4 * STEPS_PER_UPDATE}", "resume=true"], run_dir)
     assert result.returncode == 2, result.stderr
@@ -403,10 +418,9 @@ def test_resume_auto_continues_a_checkpoint_or_starts_the_run(tmp_path):
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def test_eval_reports_success_and_records_an_episode(tmp_path):
-    run_dir = tmp_path / "run"
-    result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
-    assert result.returncode == 0, result.stderr
+@pytest.mark.xdist_group("finished_run")  # (its module-scoped fixture)
+def test_eval_reports_success_and_records_an_episode(finished_run, tmp_path):
+    run_dir = copy_of(finished_run, tmp_path)
     trace, gif = tmp_path / "episode.txt", tmp_path / "episode.gif"
     for record in (trace, gif):
         result = run(
@@ -423,13 +437,12 @@ def test_eval_reports_success_and_records_an_episode(tmp_path):
     assert gif.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
 
 
-def test_evaluation_and_refused_commands_write_no_directory(tmp_path):
+@pytest.mark.xdist_group("finished_run")  # (its module-scoped fixture)
+def test_evaluation_and_refused_commands_write_no_directory(finished_run, tmp_path):
     """mode=eval prints its result and writes nothing, not even a run directory of its own;
     a command its config check refuses (a bad value, an eval.record that cannot be written)
     leaves nothing behind; overwrite=true removes everything of the run it replaces."""
-    run_dir = tmp_path / "run"
-    result = run([*TINY_RL, f"total_steps={2 * STEPS_PER_UPDATE}"], run_dir)
-    assert result.returncode == 0, result.stderr
+    run_dir = copy_of(finished_run, tmp_path)
     before = sorted(path.name for path in run_dir.iterdir())
     assert {"eval.json", "curves.png"} <= set(before)
     elsewhere = tmp_path / "elsewhere"
@@ -678,6 +691,7 @@ def kept_run(tmp_path_factory):
     return run_dir
 
 
+@pytest.mark.xdist_group("kept_run")  # (its module-scoped fixture)
 def test_span_drift_splits_each_change_into_input_and_predictor(kept_run):
     """analysis.span_drift on a tiny run's kept checkpoints: one line per layer, first
     observation and checkpoint pair, whose parts follow their definitions."""
@@ -695,6 +709,7 @@ def test_span_drift_splits_each_change_into_input_and_predictor(kept_run):
         assert -16 <= r["by_input"] <= 16 and -16 <= r["by_predictor"] <= 16
 
 
+@pytest.mark.xdist_group("kept_run")  # (its module-scoped fixture)
 def test_module_swap_evaluates_every_mix_on_the_same_episodes(kept_run):
     """analysis.module_swap on two kept checkpoints of a tiny run: the two agents, then each
     group swapped both ways. Evaluations share their episodes and samples, so a checkpoint
