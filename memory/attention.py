@@ -132,15 +132,17 @@ def attend(
     window: PositionWindow,
     dropout: float,
     shape: tuple[int, ...] | None = None,
+    table: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The attended values (B, Q, H * head_dim), or of ``shape``, and the weights (B, H, Q, N)
     of queries q (B, H, Q, head_dim) over keys (B, H, head_dim, N) and values
     (B, H, N, head_dim) with the log mask (B, 1 or H, Q, N); and, for `Attend`'s backward
-    pass, the position table and the dropout's noise (None without dropout)."""
+    pass, the position table (``window.table(position)``, unless ``table`` gives it) and the
+    dropout's noise (None without dropout)."""
     batch, heads, length, head_dim = q.shape
     scale = head_dim**-0.5
     scores = torch.add(log_m, torch.matmul(q, keys), alpha=scale)
-    table = window.table(position)
+    table = window.table(position) if table is None else table
     near = scores if window.width == scores.shape[-1] else scores[..., -window.width :]
     near.add_(window.term(torch.einsum("bhqd,hrd->bhqr", q, table)), alpha=scale)
     weights = torch.softmax(scores, -1)  # eq. 4 through the log mask
@@ -213,6 +215,7 @@ class MemoryAttention(nn.Module):
         # p_d for distances d = 0 .. block_len-1, one set per head (A.1)
         self.position = nn.Parameter(0.02 * torch.randn(cfg.num_heads, cfg.block_len, cfg.head_dim))
         self.dropout = cfg.dropout
+        self._step_table: tuple[tuple[int, int], Tensor] | None = None  # (`step_table`)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, Q, hd), keys (B, H, hd, Q) and values (B, H, Q, hd) of x (B, Q, dim)."""
@@ -272,7 +275,19 @@ class MemoryAttention(nn.Module):
         reach = self.position.shape[1]
         window = PositionWindow(relative.shape[1], None, self.heads, 1, reach, rows=1 - relative)
         dropout = self.dropout if self.training else 0.0
-        return self.out(attend(q, *segment, self.position, window, dropout, (len(q), -1))[0])
+        table = self.step_table(window)
+        return self.out(attend(q, *segment, None, window, dropout, (len(q), -1), table)[0])
+
+    def step_table(self, window: PositionWindow) -> Tensor:
+        """The position table of a step's ``window`` (`PositionWindow.table`), made again only
+        when p_d changed: an update changes it in place, which moves its version (a compiled
+        step, traced with its weights as inputs, makes it)."""
+        if torch.compiler.is_compiling():
+            return window.table(self.position)
+        made_for = (self.position._version, self.position.data_ptr())
+        if self._step_table is None or self._step_table[0] != made_for:
+            self._step_table = (made_for, window.table(self.position))
+        return self._step_table[1]
 
     def position_term(self, q: Tensor, width: int, window: Tensor | None) -> Tensor:
         """q_t . p_{t-i} for the last ``width`` keys, 0 where t - i >= block_len (A.1)."""
