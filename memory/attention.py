@@ -74,7 +74,6 @@ class PositionWindow:
         self,
         width: int,
         window: Tensor | None,
-        heads: int,
         queries: int,
         reach: int,
         rows: Tensor | None = None,
@@ -88,8 +87,8 @@ class PositionWindow:
             index = after.view(-1, 1) + window.view(-1, 1, 1, width)
         elif window is not None or rows is not None:
             index = (window + 1 if rows is None else rows).view(-1, 1, 1, width)
-        if index is not None:
-            self.index = index.clamp(0, reach + 1).expand(-1, heads, -1, -1)  # (B, H, Q, width)
+        if index is not None:  # (B, 1, Q, width): the same for every head
+            self.index = index.clamp(0, reach + 1)
 
     def table(self, position: Tensor) -> Tensor:
         """The embeddings (H, reach, head_dim) between zero rows, in the order the lookup takes."""
@@ -102,8 +101,8 @@ class PositionWindow:
 
     def term(self, products: Tensor) -> Tensor:
         """q_t . p_{t-i} (B, H, Q, width), 0 where t - i >= reach or i > t."""
-        if self.index is not None:
-            return products.gather(-1, self.index)
+        if self.index is not None:  # (the index broadcast over the heads, without a view)
+            return torch.take_along_dim(products, self.index, -1)
         # row q shifted right by q: column c then holds the key at time first - reach + 1 + c
         batch, heads, queries, _ = products.shape
         columns = self.reach - 1 + queries
@@ -116,7 +115,7 @@ class PositionWindow:
         batch, heads, queries, _ = grad.shape
         if self.index is not None:
             products = grad.new_zeros(batch, heads, queries, self.reach + 2)
-            return products.scatter_add_(-1, self.index, grad)
+            return products.scatter_add_(-1, self.index.expand(-1, heads, -1, -1), grad)
         columns = self.reach - 1 + queries
         by_time = F.pad(grad, (columns - self.width, 0)).flatten(2)
         by_offset = F.pad(by_time, (0, queries)).view(batch, heads, queries, self.reach + queries)
@@ -132,17 +131,15 @@ def attend(
     window: PositionWindow,
     dropout: float,
     shape: tuple[int, ...] | None = None,
-    table: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
     """The attended values (B, Q, H * head_dim), or of ``shape``, and the weights (B, H, Q, N)
     of queries q (B, H, Q, head_dim) over keys (B, H, head_dim, N) and values
     (B, H, N, head_dim) with the log mask (B, 1 or H, Q, N); and, for `Attend`'s backward
-    pass, the position table (``window.table(position)``, unless ``table`` gives it) and the
-    dropout's noise (None without dropout)."""
+    pass, the position table and the dropout's noise (None without dropout)."""
     batch, heads, length, head_dim = q.shape
     scale = head_dim**-0.5
     scores = torch.add(log_m, torch.matmul(q, keys), alpha=scale)
-    table = window.table(position) if table is None else table
+    table = window.table(position)
     near = scores if window.width == scores.shape[-1] else scores[..., -window.width :]
     near.add_(window.term(torch.einsum("bhqd,hrd->bhqr", q, table)), alpha=scale)
     weights = torch.softmax(scores, -1)  # eq. 4 through the log mask
@@ -215,7 +212,6 @@ class MemoryAttention(nn.Module):
         # p_d for distances d = 0 .. block_len-1, one set per head (A.1)
         self.position = nn.Parameter(0.02 * torch.randn(cfg.num_heads, cfg.block_len, cfg.head_dim))
         self.dropout = cfg.dropout
-        self._step_table: tuple[tuple[int, int], Tensor] | None = None  # (`step_table`)
 
     def project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Queries (B, H, Q, hd), keys (B, H, hd, Q) and values (B, H, Q, hd) of x (B, Q, dim)."""
@@ -257,7 +253,7 @@ class MemoryAttention(nn.Module):
         exactly the consecutive time steps ending with the last query.
         """
         keys, values, log_m = segments[0] if len(segments) == 1 else joined(segments)
-        window = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
+        window = PositionWindow(width, window, q.shape[2], self.position.shape[1])
         dropout = self.dropout if self.training else 0.0
         inputs = (q, keys, values, log_m, self.position, window, dropout)
         if torch.is_grad_enabled() and not torch.is_autocast_enabled(q.device.type):
@@ -273,25 +269,13 @@ class MemoryAttention(nn.Module):
         (B, H, 1, hd); returns the output (B, dim). The position rows come from the offsets its
         mask was computed from, with no other operation."""
         reach = self.position.shape[1]
-        window = PositionWindow(relative.shape[1], None, self.heads, 1, reach, rows=1 - relative)
+        window = PositionWindow(relative.shape[1], None, 1, reach, rows=1 - relative)
         dropout = self.dropout if self.training else 0.0
-        table = self.step_table(window)
-        return self.out(attend(q, *segment, None, window, dropout, (len(q), -1), table)[0])
-
-    def step_table(self, window: PositionWindow) -> Tensor:
-        """The position table of a step's ``window`` (`PositionWindow.table`), made again only
-        when p_d changed: an update changes it in place, which moves its version (a compiled
-        step, traced with its weights as inputs, makes it)."""
-        if torch.compiler.is_compiling():
-            return window.table(self.position)
-        made_for = (self.position._version, self.position.data_ptr())
-        if self._step_table is None or self._step_table[0] != made_for:
-            self._step_table = (made_for, window.table(self.position))
-        return self._step_table[1]
+        return self.out(attend(q, *segment, self.position, window, dropout, (len(q), -1))[0])
 
     def position_term(self, q: Tensor, width: int, window: Tensor | None) -> Tensor:
         """q_t . p_{t-i} for the last ``width`` keys, 0 where t - i >= block_len (A.1)."""
-        lookup = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
+        lookup = PositionWindow(width, window, q.shape[2], self.position.shape[1])
         return lookup.term(torch.einsum("bhqd,hrd->bhqr", q, lookup.table(self.position)))
 
 
