@@ -75,9 +75,8 @@ class _EncodeAndStep(nn.Module):
             offsets=None,
         )
         hidden, count, spans = layers_in_buffers(
-            agent.core, x[:, None], [Slots(*b) for b in buffers], list(slots), call
+            agent.core, x, [Slots(*b) for b in buffers], list(slots), call
         )
-        hidden = hidden[:, 0]
         action, log_prob = sample(agent.policy(hidden), noise)
         return action, log_prob, agent.value(hidden).squeeze(-1), hidden, count, spans
 
@@ -144,7 +143,7 @@ class CompiledStep:
         """The core's plan of the step (`MemoryTransformer.plan_step`: its stores' room,
         compactions included) and the compiled step's inputs for it."""
         batch, dtype = episode_start.shape[0], agent.value.weight.dtype
-        plan = agent.core.plan_step(state, batch, episode_start[:, None], dtype)
+        plan = agent.core.plan_step(state, batch, episode_start, dtype)
         slots = tuple(torch.tensor(slot, device=state.device) for slot in plan.slots)
         call = plan.call
         inputs = (

@@ -68,17 +68,19 @@ def observation_parts(obs: Any) -> list[np.ndarray]:
     return parts
 
 
-def to_device(obs: Any, device: torch.device | str) -> Any:
+def to_device(obs: Any, device: torch.device | str, copy: bool = False) -> Any:
     """An observation (an array, or a tuple or dict of them) as tensors on ``device``, each
-    with its own dtype."""
-    return map_observation(lambda x: to_torch(x, device), obs)
+    with its own dtype; with ``copy``, tensors of their own (`to_torch`)."""
+    return map_observation(lambda x: to_torch(x, device, copy), obs)
 
 
-def to_torch(array: Any, device: torch.device | str) -> torch.Tensor:
+def to_torch(array: Any, device: torch.device | str, copy: bool = False) -> torch.Tensor:
     """An array (what `np.asarray` takes) as a tensor on ``device``: on a CPU the array's own
-    memory (`torch.from_numpy`, an operation where `torch.as_tensor` calls two, every step)."""
-    tensor = torch.from_numpy(np.asarray(array))
-    return tensor if torch.device(device).type == "cpu" else tensor.to(device)
+    memory (`torch.from_numpy`, an operation where `torch.as_tensor` calls two, every step), or
+    with ``copy`` NumPy's copy of it (no operation), which the array's owner cannot change."""
+    cpu = torch.device(device).type == "cpu"
+    tensor = torch.from_numpy(np.array(array) if copy and cpu else np.asarray(array))
+    return tensor if cpu else tensor.to(device)
 
 
 def resets_next_step(vec_env: gym.vector.VectorEnv) -> bool:
@@ -140,7 +142,7 @@ class Player:
         """The first reset, which seeds each env (`training.seeding.env_seeds`); autoreset
         continues each env's own stream after it."""
         obs, _ = self.vec_env.reset(seed=seeds_taken_by(self.vec_env, seeds))
-        self.obs = to_device(obs, self.device)
+        self.obs = to_device(obs, self.device, copy=True)  # (`step`'s, kept by an unroll)
 
     def step(
         self, agent: ActorCritic, greedy: bool = False, kept: np.ndarray | None = None
@@ -172,7 +174,7 @@ class Player:
             info=info,
         )
         self.state, self.previous = out.state, (action, reward)
-        self.obs = to_device(next_obs, self.device)
+        self.obs = to_device(next_obs, self.device, copy=True)  # (an unroll keeps them)
         # A same-step env starts its next episode at once, a next-step env after its reset step.
         starting = self.resetting if self.next_step else ended
         if self.next_step:
@@ -183,7 +185,8 @@ class Player:
     def env_action(self, action: torch.Tensor) -> np.ndarray:
         """The action as the envs take it: a Box action clipped to the space's bounds (the
         agent keeps the sampled one, whose log-probability the learner uses)."""
-        action = (action if action.is_cpu else action.cpu()).numpy()
+        # the tensor's memory (no operation, where `Tensor.numpy` calls four)
+        action = np.from_dlpack(action if action.is_cpu else action.cpu())
         space = self.vec_env.single_action_space
         if isinstance(space, gym.spaces.Box):
             return np.clip(action, space.low, space.high)

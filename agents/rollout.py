@@ -40,6 +40,7 @@ class Unroll:
         self.memory_size = 0.0  # the mean over the unroll's steps of the memories read
         self._kept: list[tuple[torch.Tensor, ...]] = []  # (`store`)
         self._ended: list[tuple[np.ndarray, np.ndarray]] = []
+        self._memory_sizes: list[torch.Tensor | float] = []
 
     @property
     def length(self) -> int:
@@ -59,19 +60,22 @@ class Unroll:
             torch.cat([first_reward[:, None], self.rewards[:, :-1]], dim=1),
         )
 
-    def store(self, t: int, step: Step) -> None:
-        """Keeps step ``t``: its observations at once (arrays an env may write into again),
-        the rest until `stored` writes all the steps' at once (an operation for each buffer
-        instead of two for each step)."""
-        map_observation(lambda buffer, x: buffer[:, t].copy_(x), self.obs, step.obs)
+    def store(self, step: Step) -> None:
+        """Keeps the next step until `stored` writes all the steps' at once (an operation for
+        each buffer instead of two for each step; the player's observations are its own)."""
         ended = step.terminated | step.truncated | ~step.counted
-        kept = (step.episode_start, step.action, step.log_prob, step.value, step.reward)
+        kept = (step.obs, step.episode_start, step.action, step.log_prob, step.value, step.reward)
         self._kept.append(kept)
         self._ended.append((step.counted, ended))
+        self._memory_sizes.append(step.out.memory_size)
 
     def stored(self) -> None:
-        """Writes the steps `store` kept into the buffers."""
-        starts, actions, log_probs, values, rewards = zip(*self._kept, strict=True)
+        """Writes the steps `store` kept into the buffers, and the mean of their memory sizes
+        (read once an unroll)."""
+        observations, starts, actions, log_probs, values, rewards = zip(*self._kept, strict=True)
+        map_observation(
+            lambda buffer, *kept: torch.stack(kept, 1, out=buffer), self.obs, *observations
+        )
         for buffer, kept in (
             (self.starts, starts),
             (self.actions, actions),
@@ -83,7 +87,10 @@ class Unroll:
         counted, ended = zip(*self._ended, strict=True)
         self.valid.copy_(torch.as_tensor(np.stack(counted, 1)))
         self.dones.copy_(torch.as_tensor(np.stack(ended, 1)))
-        self._kept, self._ended = [], []
+        sizes = self._memory_sizes  # (0-d tensors, or numbers for a core without memory)
+        total = torch.stack(sizes).sum() if isinstance(sizes[0], torch.Tensor) else sum(sizes)
+        self.memory_size = float(total) / self.length
+        self._kept, self._ended, self._memory_sizes = [], [], []
 
 
 def collect_unroll(
@@ -100,12 +107,10 @@ def collect_unroll(
     agent.eval()
     player.state = agent.core.refresh(player.state)
     unroll.start_state, unroll.start_previous = player.state, player.previous
-    unroll.memory_size = 0.0
     unroll.truncation_values.zero_()
     for t in range(unroll.length):
         step = player.step(agent)
-        unroll.store(t, step)
-        unroll.memory_size += step.out.memory_size
+        unroll.store(step)
         span_stats.add(step.out.spans)
         cut = step.truncated & ~step.terminated & bootstrap_truncated
         if player.next_step:  # bootstrapped from the reset step's value, after the unroll
@@ -114,7 +119,6 @@ def collect_unroll(
             final_obs = step.info["final_obs"][cut]
             unroll.truncation_values[cut, t] = final_values(agent, player, final_obs, cut, step)
     unroll.stored()
-    unroll.memory_size = float(unroll.memory_size) / unroll.length  # (read once an unroll)
     # The bootstrap value (its state is not kept).
     _, _, unroll.bootstrap_value, _ = agent.act(
         player.obs, player.state, player.episode_start, player.previous

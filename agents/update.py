@@ -166,6 +166,7 @@ class Learner:
         self.optimizer = make_optimizer(agent, cfg.optimizer, cfg.lr)
         self.parameters = list(agent.parameters())
         self.anchor = PolicyAnchor(agent, cfg.anchor_from) if cfg.anchor_coef else None
+        self.anchor_coef = cfg.anchor_coef  # (set by set_rate for each update)
 
     @property
     def anchored(self) -> bool:
@@ -224,10 +225,16 @@ class Learner:
         return tally.means()
 
     def set_rate(self, update: int) -> None:
-        """The learning rate of the ``update``-th update, as agent.lr_schedule sets it."""
+        """The learning rate of the ``update``-th update, as agent.lr_schedule sets it, and the
+        anchor's coefficient, as agent.anchor_schedule sets it."""
         fraction = lr_fraction(self.cfg.lr_schedule, update, self.num_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.lr * fraction
+        # agent.anchor_schedule=rate: the anchor holds hardest while the updates are large and
+        # lets a held policy sharpen once they have annealed
+        self.anchor_coef = self.cfg.anchor_coef * (
+            fraction if self.cfg.anchor_schedule == "rate" else 1.0
+        )
 
     def whole_unroll(self, unroll: Unroll) -> Minibatch:
         """What the minibatches select from, made once an update: the unroll's acting, its
@@ -286,7 +293,7 @@ class Learner:
         anchor_kl = None
         if batch.anchor is not None:
             anchor_kl = masked_mean(policy_kl(policy, batch.anchor), batch.mask)
-            loss = loss + cfg.anchor_coef * anchor_kl
+            loss = loss + self.anchor_coef * anchor_kl
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.max_grad_norm:

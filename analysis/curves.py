@@ -1,6 +1,7 @@
 """Learning curves of runs, and whether each run holds what it learns.
 
     python -m analysis.curves RUN_DIR [RUN_DIR ...] --out FIGURE.png [--markdown] [--label KEY ...]
+        [--acting]
 
 Draws the task metric, the average memory size and (Expire-Span runs) every layer's mean and
 largest span against environment steps, one line per run (every seed shown), one colour per memory
@@ -9,7 +10,11 @@ run its lowest interval, its mean, and its mean memory size (a run that never re
 best interval), then its final evaluation (RUN_DIR/eval.json) if it has one. A run *holds*
 when it reaches the target, never falls below the floor afterwards, and keeps a mean at or
 above the target over that part (with --max-memory, at a mean memory size no larger): a peak
-that does not last is reported as such.
+that does not last is reported as such. With --acting, the evaluation's columns are how each
+policy acts (eval.json of both policies): success, the share of episodes cut by the step limit,
+the mean episode length over the shortest path's, and the share of the greedy policy's steps
+whose most likely move is blocked. Then the median step of the first target interval over the
+runs that reached it.
 """
 
 from __future__ import annotations
@@ -91,6 +96,46 @@ def evaluation_cells(run_dir: Path, metric: str, cfg: Any) -> tuple[str, str]:
         result = {policy: result}
     scores = ", ".join(f"{outcome[metric]:.2f} {policy}" for policy, outcome in result.items())
     return scores, f"{next(iter(result.values()))['memory_size']:.1f}"
+
+
+ACTING_HEADER = (
+    "success (greedy / sampled)",
+    "cut by the step limit",
+    "length / shortest",
+    "blocked (greedy)",
+    "memory in evaluation",
+)
+
+
+def acting_cells(run_dir: Path) -> tuple[str, ...]:
+    """How the final checkpoint's greedy and sampled policies act (RUN_DIR/eval.json of both
+    policies; "-" where the run has none, or a field its evaluation did not write)."""
+    path = run_dir / EVAL_FILE
+    result = json.loads(path.read_text()) if path.is_file() else {}
+    if not {"greedy", "sampled"} <= result.keys():
+        return ("-",) * len(ACTING_HEADER)
+    greedy, sampled = result["greedy"], result["sampled"]
+
+    def cell(key: str, *outcomes: dict, digits: int = 3) -> str:
+        return " / ".join("-" if key not in o else f"{o[key]:.{digits}f}" for o in outcomes)
+
+    return (
+        cell("success", greedy, sampled),
+        cell("truncated", greedy, sampled),
+        cell("length_ratio", greedy, sampled),
+        cell("blocked_likely", greedy),
+        cell("memory_size", greedy, digits=1),
+    )
+
+
+def median_first_reached(results: Sequence[Holding]) -> str:
+    """The median step of the first target interval over the runs that reached it."""
+    steps = sorted(r.reached_at for r in results if r.reached_at is not None)
+    if not steps:
+        return "none reached the target"
+    middle = len(steps) // 2
+    median = steps[middle] if len(steps) % 2 else (steps[middle - 1] + steps[middle]) / 2
+    return f"{median / 1e3:.0f}k over {len(steps)} of {len(results)} runs"
 
 
 def run_label(cfg: Any, keys: Sequence[str] = ()) -> str:
@@ -193,6 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--markdown", action="store_true", help="print the rows as a markdown table"
     )
     parser.add_argument("--label", nargs="*", default=[], help="config keys that tell runs apart")
+    parser.add_argument(
+        "--acting", action="store_true", help="how the greedy and sampled policies act"
+    )
     args = parser.parse_args(argv)
     try:
         run_dirs = find_run_dirs(args.run_dirs)
@@ -215,7 +263,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         runs.append((label, records))
         metrics.append(metric)
         result = holding(records, metric, args.target, args.floor, args.max_memory)
-        evaluation = evaluation_cells(run_dir, metric, cfg)
+        evaluation = (
+            acting_cells(run_dir) if args.acting else evaluation_cells(run_dir, metric, cfg)
+        )
         rows.append((label, cfg.seed, records[-1]["step"], result, evaluation))
     if not runs:
         print(f"{parser.prog}: error: no run with metrics under {args.run_dirs}", file=sys.stderr)
@@ -238,8 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "mean after",
         "memory after",
         "holds",
-        "evaluation",
-        "memory in evaluation",
+        *(ACTING_HEADER if args.acting else ("evaluation", "memory in evaluation")),
     )
     lines = [header] + [
         (
@@ -263,6 +312,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         for line in lines:
             print("  ".join(f"{cell:>14}" for cell in line))
+    if args.acting:
+        first = median_first_reached([r for _, _, _, r, _ in rows])
+        print(f"\nmedian first >= {args.target}: {first}")
     return 0
 
 

@@ -1,6 +1,6 @@
 """Training throughput of train_rl.py and train_lm.py end to end, optionally against a commit.
 
-    python benchmarks/throughput.py [--reference REV] [--steps 96000] [--settings ...]
+    python benchmarks/throughput.py [--reference REV] [--repeats 1] [--steps 96000] [--settings ...]
 
 Each setting runs a trainer with its defaults (every core) in a fresh process:
 - ``corridor_3_20``: the RL default command on Corridor 3..20, `env.max_length=20` (PPO, 32
@@ -26,18 +26,23 @@ at 1024 and 4096 environments, `device=cuda`, 12 updates each (a few minutes in 
 ``gpu_ppo_1024_compiled`` and ``gpu_a2c_4096_compiled`` act through torch.compile's step.
 With ``--reference REV`` the same settings also run from that commit's code (exported with
 `git archive`), one after the other in this run, so both see the same machine and load.
+``--repeats N`` runs each code N times, in turn (reference, working tree, reference, ...): a
+short run varies by 10-25% on a shared machine (the LM copy task's 120 updates gave 0.75-1.06
+of the same reference in four invocations), so a ratio of one pair says little.
 
 Prints one JSON object per run, {"setting", "code", "per_s", "unit", "memory_size"}, with
 per_s the mean of the logged rate (environment steps or tokens per second) after the first
-logging interval (start-up excluded), and for two_runs "share_of_alone"; then, with a
-reference, one {"setting", "ratio"} per setting: the working tree's rate over the
-reference's.
+logging interval (start-up excluded), and for two_runs "share_of_alone" (and "repeat" with
+--repeats); then, with a reference, one {"setting", "ratio"} per setting: the median over
+repeats of the working tree's rate over the reference's, with "ratio_min" and "ratio_max"
+when there are several.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -176,23 +181,42 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=96000, help="steps per RL run")
     parser.add_argument("--settings", nargs="+", default=CPU_SETTINGS, choices=SETTINGS)
     parser.add_argument("--reference", help="a commit to measure the same way, e.g. HEAD~3")
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs of each code per setting, taken in turn"
+    )
     args = parser.parse_args()
-    rates: dict[str, dict[str, int]] = {}  # setting -> code -> rate
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: give at least 1")
     with tempfile.TemporaryDirectory() as reference_dir:
         codes = code_versions(args.reference, Path(reference_dir))
+        measured: dict[tuple[str, str, int], int] = {}  # (setting, code, repeat) -> rate
         for setting in args.settings:
-            rates[setting] = {}
-            for code, code_dir in codes.items():
-                result = measure(code_dir, SETTINGS[setting], args.steps)
-                rates[setting][code] = result["per_s"]
-                alone = rates.get(ALONE.get(setting, ""), {}).get(code)
-                if alone:
-                    result["share_of_alone"] = round(result["per_s"] / alone, 2)
-                print(json.dumps({"setting": setting, "code": code, **result}), flush=True)
+            rates: dict[str, list[int]] = {code: [] for code in codes}
+            for repeat in range(args.repeats):
+                for code, code_dir in codes.items():
+                    result = measure(code_dir, SETTINGS[setting], args.steps)
+                    rates[code].append(result["per_s"])
+                    alone = measured.get((ALONE.get(setting, ""), code, repeat))
+                    if alone:
+                        result["share_of_alone"] = round(result["per_s"] / alone, 2)
+                    measured[setting, code, repeat] = result["per_s"]
+                    line = {"setting": setting, "code": code, **result}
+                    if args.repeats > 1:
+                        line["repeat"] = repeat
+                    print(json.dumps(line), flush=True)
             if args.reference:
-                reference = next(iter(rates[setting]))
-                ratio = rates[setting][WORKING_TREE] / rates[setting][reference]
-                print(json.dumps({"setting": setting, "ratio": round(ratio, 2)}), flush=True)
+                print(json.dumps({"setting": setting, **paired_ratio(rates)}), flush=True)
+
+
+def paired_ratio(rates: dict[str, list[int]]) -> dict:
+    """The working tree's rate over the reference's, per repeat (runs taken in turn share the
+    machine's drift): their median, and with several repeats their range."""
+    reference, tree = rates.values()
+    ratios = sorted(new / old for new, old in zip(tree, reference, strict=True))
+    summary = {"ratio": round(statistics.median(ratios), 2)}
+    if len(ratios) > 1:
+        summary["ratio_min"], summary["ratio_max"] = round(ratios[0], 2), round(ratios[-1], 2)
+    return summary
 
 
 if __name__ == "__main__":

@@ -22,6 +22,15 @@ all on the threads acting runs on (`acting_threads`):
 Then one more unroll with acting under torch.profiler (`acting_profiled_ms`, per update): the
 matrix products in place, the other ATen operations, and the rest, Python and the profiler's
 own cost; and `acting_ops_per_step`, the operations Python calls per step.
+
+And one gradient step of the learner as an update takes it (the forward pass over a minibatch,
+the loss, the backward pass, clipping and the optimiser's step), on torch's threads, called
+again and again on the first minibatch of an epoch over the last unroll: `learner_step_ms`,
+the least of five rounds; `learner_products_ms`, its matrix products (recorded in the step,
+backward pass included) replayed back to back; `learner_step_over_products`; and under
+torch.profiler, `learner_profiled_ms` split as acting's is, for the forward pass (`forward`)
+and the rest (`gradient`), and `learner_other_ops`, the operations other than products that
+take the most time in the step, by self time.
 """
 
 from __future__ import annotations
@@ -36,6 +45,9 @@ import argparse
 import json
 import math
 import time
+from collections import Counter
+from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import NamedTuple
 
@@ -100,14 +112,23 @@ class ProductRecorder(TorchDispatchMode):
 
     def replay_seconds(self, repeats: int = 200) -> float:
         """Seconds per replay of every recorded product, the least of five rounds."""
-        best = math.inf
-        for _ in range(5):
-            start = time.perf_counter()
-            for _ in range(repeats):
-                for func, args, kwargs in self.calls:
-                    func(*args, **kwargs)
-            best = min(best, (time.perf_counter() - start) / repeats)
-        return best
+
+        def replay() -> None:
+            for func, args, kwargs in self.calls:
+                func(*args, **kwargs)
+
+        return least_seconds(replay, repeats)
+
+
+def least_seconds(call: Callable[[], object], repeats: int) -> float:
+    """Seconds per call of ``call()``, the least of five rounds of ``repeats`` calls."""
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return best
 
 
 def _copy(value):
@@ -138,6 +159,41 @@ def acting_parts(events, region: str) -> tuple[dict[str, float], int]:
     return parts, called
 
 
+def other_ops(events, regions: tuple[str, ...], top: int = 10) -> list[dict]:
+    """The ATen operations other than matrix products of the profiled ``regions`` that took
+    the most self time, with their milliseconds, calls and region."""
+    seconds, calls = Counter(), Counter()
+    for event in events:
+        parent = event.cpu_parent
+        while parent is not None and parent.name not in regions:
+            parent = parent.cpu_parent
+        if parent is None or not event.name.startswith("aten::"):
+            continue
+        if event.name not in MATRIX_PRODUCTS:
+            seconds[parent.name, event.name] += event.self_cpu_time_total / 1e6
+            calls[parent.name, event.name] += 1
+    return [
+        {"op": op, "region": region, "ms": round(s * 1000, 2), "calls": calls[region, op]}
+        for (region, op), s in seconds.most_common(top)
+    ]
+
+
+def learner_step(learner: Learner, unroll: Unroll) -> Callable[[bool], None]:
+    """One gradient step of ``learner`` as an update takes it, on the first minibatch of an
+    epoch over ``unroll``, to call again and again; called with True, its forward pass and
+    the rest are the profiler's regions ``forward`` and ``gradient``."""
+    learner.agent.train()
+    batch = next(learner.epoch(learner.whole_unroll(unroll)))
+
+    def step(regions: bool = False) -> None:
+        with torch.profiler.record_function("forward") if regions else nullcontext():
+            policy, values, out = learner.forward(batch)
+        with torch.profiler.record_function("gradient") if regions else nullcontext():
+            learner.gradient_step(batch, policy, values, out)
+
+    return step
+
+
 def compiled_call_seconds(agent, player: Player, repeats: int = 300) -> float | None:
     """Seconds per step of the compiled step's library (`compile_acting`) called on one
     step's inputs, the least of 5 x ``repeats`` calls; None when acting is not compiled."""
@@ -148,13 +204,7 @@ def compiled_call_seconds(agent, player: Player, repeats: int = 300) -> float | 
     noise = sampling_noise(agent.action_space, batch, dtype, player.device)
     step = (player.obs, player.state, player.episode_start, player.previous, noise)
     tensors = tree_leaves(compiled.plan(agent, *step)[1])
-    best = math.inf
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            compiled.run(tensors)
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best
+    return least_seconds(lambda: compiled.run(tensors), repeats)
 
 
 def matrix_rate(size: int = 1024, repeats: int = 10) -> float:
@@ -273,6 +323,18 @@ def main() -> None:
         products_ms = recorder.replay_seconds() * cfg.unroll_len * 1000
         with torch.no_grad():
             compiled_seconds = compiled_call_seconds(agent, player)
+    step = learner_step(learner, unroll)
+    step()  # (a first call allocates)
+    learner_recorder = ProductRecorder()
+    with learner_recorder:
+        step()
+    step_ms = least_seconds(step, repeats=10) * 1000
+    learner_products_ms = learner_recorder.replay_seconds(repeats=10) * 1000
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
+        step(regions=True)
+    learner_parts = {
+        region: acting_parts(profile.events(), region)[0] for region in ("forward", "gradient")
+    }
     steps_per_update = cfg.num_envs * cfg.unroll_len
     floor_ms = flops * cfg.unroll_len / (rate * 1e9) * 1000
     result = {
@@ -291,6 +353,14 @@ def main() -> None:
         "acting_over_floor": round(per_update["acting"] / max(floor_ms, math.ulp(1.0)), 1),
         "acting_profiled_ms": {name: round(seconds * 1000, 1) for name, seconds in parts.items()},
         "acting_ops_per_step": round(called / cfg.unroll_len),
+        "learner_step_ms": round(step_ms, 2),
+        "learner_products_ms": round(learner_products_ms, 2),
+        "learner_step_over_products": round(step_ms / learner_products_ms, 2),
+        "learner_profiled_ms": {
+            region: {name: round(seconds * 1000, 2) for name, seconds in parts.items()}
+            for region, parts in learner_parts.items()
+        },
+        "learner_other_ops": other_ops(profile.events(), ("forward", "gradient")),
     }
     if compiled_seconds is not None:
         result["acting_compiled_call_ms"] = round(compiled_seconds * cfg.unroll_len * 1000, 1)

@@ -71,17 +71,24 @@ class PositionWindow:
     for keys after the query and for distances >= reach)."""
 
     def __init__(
-        self, width: int, window: Tensor | None, heads: int, queries: int, reach: int
+        self,
+        width: int,
+        window: Tensor | None,
+        queries: int,
+        reach: int,
+        rows: Tensor | None = None,
     ) -> None:
+        """``rows``: instead of ``window``, one query's rows 1 + (t - i) (B, width), which a
+        step (`MemoryAttention.step`) has from its mask's offsets."""
         self.width, self.reach = width, reach
-        self.index = None
-        if window is not None:  # the row 1 + (t - i) of p_{t-i}, clamped to the zero rows
-            if queries == 1:
-                index = (window + 1).view(-1, 1, 1, width)
-            else:
-                after = torch.arange(1, queries + 1, device=window.device)
-                index = after.view(-1, 1) + window.view(-1, 1, 1, width)
-            self.index = index.clamp(0, reach + 1).expand(-1, heads, -1, -1)  # (B, H, Q, width)
+        self.index = index = None  # the row 1 + (t - i) of p_{t-i}, clamped to the zero rows
+        if window is not None and queries > 1:
+            after = torch.arange(1, queries + 1, device=window.device)
+            index = after.view(-1, 1) + window.view(-1, 1, 1, width)
+        elif window is not None or rows is not None:
+            index = (window + 1 if rows is None else rows).view(-1, 1, 1, width)
+        if index is not None:  # (B, 1, Q, width): the same for every head
+            self.index = index.clamp(0, reach + 1)
 
     def table(self, position: Tensor) -> Tensor:
         """The embeddings (H, reach, head_dim) between zero rows, in the order the lookup takes."""
@@ -94,8 +101,8 @@ class PositionWindow:
 
     def term(self, products: Tensor) -> Tensor:
         """q_t . p_{t-i} (B, H, Q, width), 0 where t - i >= reach or i > t."""
-        if self.index is not None:
-            return products.gather(-1, self.index)
+        if self.index is not None:  # (the index broadcast over the heads, without a view)
+            return torch.take_along_dim(products, self.index, -1)
         # row q shifted right by q: column c then holds the key at time first - reach + 1 + c
         batch, heads, queries, _ = products.shape
         columns = self.reach - 1 + queries
@@ -108,7 +115,7 @@ class PositionWindow:
         batch, heads, queries, _ = grad.shape
         if self.index is not None:
             products = grad.new_zeros(batch, heads, queries, self.reach + 2)
-            return products.scatter_add_(-1, self.index, grad)
+            return products.scatter_add_(-1, self.index.expand(-1, heads, -1, -1), grad)
         columns = self.reach - 1 + queries
         by_time = F.pad(grad, (columns - self.width, 0)).flatten(2)
         by_offset = F.pad(by_time, (0, queries)).view(batch, heads, queries, self.reach + queries)
@@ -123,11 +130,12 @@ def attend(
     position: Tensor,
     window: PositionWindow,
     dropout: float,
+    shape: tuple[int, ...] | None = None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
-    """The attended values (B, Q, H * head_dim) and the weights (B, H, Q, N) of queries q
-    (B, H, Q, head_dim) over keys (B, H, head_dim, N) and values (B, H, N, head_dim) with the
-    log mask (B, 1 or H, Q, N); and, for `Attend`'s backward pass, the position table and the
-    dropout's noise (None without dropout)."""
+    """The attended values (B, Q, H * head_dim), or of ``shape``, and the weights (B, H, Q, N)
+    of queries q (B, H, Q, head_dim) over keys (B, H, head_dim, N) and values
+    (B, H, N, head_dim) with the log mask (B, 1 or H, Q, N); and, for `Attend`'s backward
+    pass, the position table and the dropout's noise (None without dropout)."""
     batch, heads, length, head_dim = q.shape
     scale = head_dim**-0.5
     scores = torch.add(log_m, torch.matmul(q, keys), alpha=scale)
@@ -139,7 +147,7 @@ def attend(
     if dropout > 0:  # (drawn as nn.Dropout draws it)
         noise = torch.empty_like(weights).bernoulli_(1 - dropout).div_(1 - dropout)
         attended = weights * noise
-    out = torch.einsum("bhqn,bhnd->bqhd", attended, values).reshape(batch, length, -1)
+    out = torch.einsum("bhqn,bhnd->bqhd", attended, values).reshape(shape or (batch, length, -1))
     return out, weights, table, noise
 
 
@@ -216,6 +224,11 @@ class MemoryAttention(nn.Module):
             q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)
         return q, k.mT, v
 
+    def project_step(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The query, key and value of a step's x (B, dim), each (B, H, 1, hd): the key as a
+        step's memory keeps it (`memory.store.STEP_SLOT`), not transposed."""
+        return self.qkv(x).view(x.shape[0], 3, self.heads, 1, self.head_dim).unbind(1)
+
     def key_value(self, hidden: Tensor) -> tuple[Tensor, Tensor]:
         """Keys (B, H, hd, N) and values (B, H, N, hd) of memories (B, N, dim), current weights."""
         batch, length, _ = hidden.shape
@@ -240,7 +253,7 @@ class MemoryAttention(nn.Module):
         exactly the consecutive time steps ending with the last query.
         """
         keys, values, log_m = segments[0] if len(segments) == 1 else joined(segments)
-        window = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
+        window = PositionWindow(width, window, q.shape[2], self.position.shape[1])
         dropout = self.dropout if self.training else 0.0
         inputs = (q, keys, values, log_m, self.position, window, dropout)
         if torch.is_grad_enabled() and not torch.is_autocast_enabled(q.device.type):
@@ -250,9 +263,19 @@ class MemoryAttention(nn.Module):
             attended, weights = attend(*inputs)[:2]
         return self.out(attended), weights if keep_weights else None
 
+    def step(self, q: Tensor, segment: Segment, relative: Tensor) -> Tensor:
+        """`forward` for a step without gradients over a whole buffer (`MemoryKind.read_buffer`)
+        whose memories are at time offsets ``relative`` = i - t (B, N) from the step's query q
+        (B, H, 1, hd); returns the output (B, dim). The position rows come from the offsets its
+        mask was computed from, with no other operation."""
+        reach = self.position.shape[1]
+        window = PositionWindow(relative.shape[1], None, 1, reach, rows=1 - relative)
+        dropout = self.dropout if self.training else 0.0
+        return self.out(attend(q, *segment, self.position, window, dropout, (len(q), -1))[0])
+
     def position_term(self, q: Tensor, width: int, window: Tensor | None) -> Tensor:
         """q_t . p_{t-i} for the last ``width`` keys, 0 where t - i >= block_len (A.1)."""
-        lookup = PositionWindow(width, window, self.heads, q.shape[2], self.position.shape[1])
+        lookup = PositionWindow(width, window, q.shape[2], self.position.shape[1])
         return lookup.term(torch.einsum("bhqd,hrd->bhqr", q, lookup.table(self.position)))
 
 

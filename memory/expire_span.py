@@ -40,16 +40,19 @@ class SpanPredictor(nn.Module):
         nn.init.constant_(self.linear.bias, math.log(p / (1 - p)) * self.divisor)
 
     def logit(self, hidden: Tensor) -> Tensor:
-        """The sigmoid's argument for memories ``hidden`` (B, N, dim): (B, N), in float32 under
-        autocast too: in bfloat16 spans at L = 16384 were off by up to 80 positions."""
+        """The sigmoid's argument for memories ``hidden`` (B, N, dim): (B, N), or for a step's
+        memory (B, dim): (B, 1), as a step writes it (`memory.store.STEP_SLOT`); in float32
+        under autocast too: in bfloat16 spans at L = 16384 were off by up to 80 positions."""
         if torch.is_autocast_enabled(hidden.device.type):
             with torch.autocast(hidden.device.type, enabled=False):
                 return self.logit(hidden.float())
-        logit = self.linear(hidden).squeeze(-1)
+        logit = self.linear(hidden)
+        logit = logit if hidden.dim() == 2 else logit.squeeze(-1)
         return logit / self.divisor if self.divisor != 1 else logit
 
     def forward(self, hidden: Tensor) -> Tensor:
-        """Expire-spans of memories ``hidden`` (B, N, dim): (B, N) in [0, L]."""
+        """Expire-spans of memories ``hidden`` (B, N, dim): (B, N) in [0, L]; of a step's
+        memory (B, dim): (B, 1)."""
         return self.max_span * torch.sigmoid(self.logit(hidden))
 
 
@@ -121,6 +124,10 @@ class ExpireSpan(MemoryKind):
     def mask(self, relative: Tensor, span: Tensor | None, offsets: Tensor | None) -> Tensor:
         return expire_mask(relative, span, offsets, self.ramp)
 
+    @property
+    def restricts(self) -> bool:
+        return self.training and self.memory_shortening
+
     def ramp_start(self, relative: Tensor, span: Tensor | None) -> Tensor:
         return expire_start(relative, span, self.ramp)
 
@@ -141,7 +148,7 @@ class ExpireSpan(MemoryKind):
     def restrict(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         """Random memory shortening in training (4.2): l ~ U(0, L) per call and layer, and
         the call's queries attend only to t - i <= l; the memories stay."""
-        if not (self.training and self.memory_shortening):
+        if not self.restricts:
             return mask
         shortening = float(torch.rand(())) * self.max_span
         return mask * (slots.position[:, None, :] >= call.positions[:, :, None] - shortening)

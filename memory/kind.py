@@ -221,6 +221,11 @@ class MemoryKind(nn.Module):
         ``mask`` already hides invisible keys."""
         return mask.new_zeros(())
 
+    @property
+    def restricts(self) -> bool:
+        """Whether ``restrict`` hides keys from calls in the module's present mode."""
+        return False
+
     def restrict(self, mask: Tensor, slots: Slots, call: Call) -> Tensor:
         """The mask the attention uses, (B, Q, N) or (B, H, Q, N): ``mask`` without the keys
         a kind hides from this call only, keeping them in memory (none here)."""
@@ -261,12 +266,24 @@ class MemoryKind(nn.Module):
         window = self.window_of(slots.position, call)
         return Read(queries, [segment], *window, aux_loss, count, after, slots)
 
-    def read_buffer(self, buffer: Slots, call: Call) -> tuple[Segment, Tensor]:
+    def read_buffer(self, buffer: Slots, call: Call) -> tuple[Segment, Tensor, Tensor]:
         """Step mode without gradients (``steps_in_buffer``), after the step's memory was
         written into the ``recent`` store's buffer: the whole buffer as one segment, its
-        empty and dead slots masked, and the count of ``Read``."""
-        m, count, log_m = self.visible_mask(buffer, call)
-        return self.segment(m, log_m, buffer, call), count
+        empty and dead slots masked, the count of ``Read``, and the memories' time offsets
+        i - t (B, N) from the step (`MemoryAttention.step`'s position rows)."""
+        relative = buffer.position - call.start
+        start = None if self.restricts else self.ramp_start(relative, buffer.span)
+        if start is None:  # another mask, or keys hidden from this step: read as a call reads
+            m, count, log_m = self.visible_mask(buffer, call)
+            return self.segment(m, log_m, buffer, call), count, relative
+        # the ramp (`ramp_log_mask`) of one query, without its query axis until the log mask
+        visible = buffer.position >= call.query_begin  # (B, N)
+        m = start.clamp(0, 1) * (visible if start.dim() == 2 else visible[:, None])
+        count = torch.count_nonzero(m)
+        if m.dim() == 3:  # per-head masks
+            count = count / m.shape[1]
+        log_m = m.log().view(m.shape[0], -1, 1, m.shape[-1])  # (B, 1 or H, 1, N)
+        return Segment(buffer.keys, buffer.values, log_m), count, relative
 
     def visible_mask(self, slots: Slots, call: Call) -> tuple[Tensor, Tensor, Tensor | None]:
         """m_ti of the call's queries for ``slots``, 0 where a query may not see a memory at
@@ -344,6 +361,15 @@ class MemoryKind(nn.Module):
         if m.dim() == 4:  # per-head masks: a memory lives while any head sees it
             m = m.amax(1)
         return (m[:, 0] > 0) & (slots.position >= begin[:, None])
+
+    def step_memory(
+        self, attention: MemoryAttention, x: Tensor, call: Call
+    ) -> tuple[Tensor, Slots]:
+        """The query (B, H, 1, head_dim) of a step without gradients and the memory it writes,
+        ``x`` (B, dim) with its key, value, position and span (where stored) in a step's
+        shapes (`memory.store.STEP_SLOT`)."""
+        query, key, value = attention.project_step(x)
+        return query, Slots(x, key, value, call.positions, self.span(x))
 
     def written(self, attention: MemoryAttention, x: Tensor, call: Call) -> tuple[Tensor, Slots]:
         """The queries of the call's steps and the memories they write, ``x`` (B, Q, dim) with

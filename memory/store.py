@@ -39,6 +39,17 @@ EMPTY = -1  # position of an empty slot
 SLOT_AXES = (1, 3, 2, 1, 1)  # the slot axis of each field of Slots
 EMPTY_SLOT = (0, 0, 0, EMPTY, 0)  # what each field of Slots holds in an empty slot
 MIN_SPARE_SLOTS = 32  # step mode: spare capacity left after a compaction, at least
+# A step's memory in the shapes the step computes it: h_i (B, dim), the key as the query,
+# (B, H, 1, head_dim), not transposed, the value (B, H, 1, head_dim), position and span (B, 1).
+# Per field of Slots: a buffer's field split into its slots in these shapes (`SlotStore.slot`),
+# and a step's field as one slot of the buffer's (`write_slot`'s indexed write).
+STEP_SLOT = (
+    (lambda t: t.unbind(1), lambda t: t[:, None]),
+    (lambda t: t.mT.split(1, 2), lambda t: t.mT),
+    (lambda t: t.split(1, 2), lambda t: t),
+    (lambda t: t.split(1, 1), lambda t: t),
+    (lambda t: t.split(1, 1), lambda t: t),
+)
 
 
 class Slots(NamedTuple):
@@ -139,11 +150,12 @@ class SlotStore:
         return self.buffer.narrow(0, self.length)
 
     def slot(self, index: int) -> list[Tensor]:
-        """Views of slot ``index`` in every field of the buffer, for one copy into all of them
-        (`write_slot`); each field is split into its slots once a buffer."""
+        """Views of slot ``index`` in every field of the buffer, shaped as a step's memory is
+        (`STEP_SLOT`), for one copy into all of them (`write_slot`); each field is split into
+        its slots once a buffer."""
         if self._slots[0] is None:
-            fields = zip(self.buffer, SLOT_AXES, strict=True)
-            self._slots[0] = [t.split(1, axis) for t, axis in fields if t is not None]
+            fields = zip(self.buffer, STEP_SLOT, strict=True)
+            self._slots[0] = [split(t) for t, (split, _) in fields if t is not None]
         return [slots[index] for slots in self._slots[0]]
 
     def can_append(self, n: int) -> bool:
@@ -222,16 +234,17 @@ def padded_length(length: int) -> int:
 
 
 def write_slot(buffer: Slots, slot: Sequence[Tensor] | Tensor, new: Slots) -> None:
-    """Write the one-slot ``new`` into a slot of ``buffer``, in place: into the slot's views
-    (`SlotStore.slot`), all fields in one operation and with no index to copy to a GPU (which
-    would wait for it), or into slot ``slot`` given as a 0-d tensor (a compiled step's) by an
-    indexed write of the whole buffer, which a compiled step does in place."""
+    """Write a step's memory ``new`` (`STEP_SLOT`'s shapes) into a slot of ``buffer``, in
+    place: into the slot's views (`SlotStore.slot`), all fields in one operation and with no
+    index to copy to a GPU (which would wait for it), or into slot ``slot`` given as a 0-d
+    tensor (a compiled step's) by an indexed write of the whole buffer, which a compiled step
+    does in place."""
     if not isinstance(slot, Tensor):
         torch._foreach_copy_(list(slot), [t for t in new if t is not None])
         return
-    for target, source, axis in zip(buffer, new, SLOT_AXES, strict=True):
+    for target, source, axis, (_, one_slot) in zip(buffer, new, SLOT_AXES, STEP_SLOT, strict=True):
         if target is not None:
-            target.index_copy_(axis, slot.reshape(1), source)
+            target.index_copy_(axis, slot.reshape(1), one_slot(source))
 
 
 def compacted(

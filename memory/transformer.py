@@ -86,15 +86,15 @@ class MemoryLayer(nn.Module):
     def step_in_buffer(
         self, h: Tensor, buffer: Slots, slot: Sequence[Tensor] | Tensor, call: Call
     ) -> tuple[Tensor, Tensor, Tensor | None]:
-        """Step mode without gradients: writes the step's memory into a slot of the ``recent``
-        store's ``buffer`` (`write_slot`'s ``slot``) and attends over the whole buffer, whose
-        shapes change only when it is compacted (its slots after the step's are empty, and
-        masked). Returns the output, the count of `Read` and the new memory's span."""
-        q, new = self.kind.written(self.attention, self.attention_norm(h), call)
+        """Step mode without gradients for h (B, dim): writes the step's memory into a slot of
+        the ``recent`` store's ``buffer`` (`write_slot`'s ``slot``) and attends over the whole
+        buffer, whose shapes change only when it is compacted (its slots after the step's are
+        empty, and masked). Returns the output (B, dim), the count of `Read` and the new
+        memory's span (B, 1)."""
+        q, new = self.kind.step_memory(self.attention, self.attention_norm(h), call)
         write_slot(buffer, slot, new)
-        segment, count = self.kind.read_buffer(buffer, call)
-        attended, _ = self.attention(q, [segment], buffer.length, call.start - buffer.position)
-        return self.feed_forward(h, attended), count, new.span
+        segment, count, relative = self.kind.read_buffer(buffer, call)
+        return self.feed_forward(h, self.attention.step(q, segment, relative)), count, new.span
 
     def feed_forward(self, h: Tensor, attended: Tensor) -> Tensor:
         h = h + self.residual(attended)
@@ -199,17 +199,15 @@ class MemoryTransformer(nn.Module):
             raise ValueError(
                 f"step mode expects x of shape (B, {self.cfg.dim}), got {tuple(x.shape)}"
             )
-        if episode_start is not None:
-            if episode_start.shape != x.shape[:1]:
-                raise ValueError(
-                    f"episode_start must have shape {tuple(x.shape[:1])} in step mode, "
-                    f"got {tuple(episode_start.shape)}"
-                )
-            episode_start = episode_start[:, None]
-        if torch.is_grad_enabled() or not self.steps_in_buffers:
-            out = self._run(x[:, None], state, episode_start, in_place=not torch.is_grad_enabled())
-        else:
-            out = self._step_in_buffers(x[:, None], state, episode_start)
+        if episode_start is not None and episode_start.shape != x.shape[:1]:
+            raise ValueError(
+                f"episode_start must have shape {tuple(x.shape[:1])} in step mode, "
+                f"got {tuple(episode_start.shape)}"
+            )
+        if not torch.is_grad_enabled() and self.steps_in_buffers:
+            return self._step_in_buffers(x, state, episode_start)
+        starts = None if episode_start is None else episode_start[:, None]
+        out = self._run(x[:, None], state, starts, in_place=not torch.is_grad_enabled())
         out.hidden = out.hidden[:, 0]
         return out
 
@@ -225,11 +223,10 @@ class MemoryTransformer(nn.Module):
     def plan_step(
         self, state: MemoryState, batch: int, episode_start: Tensor | None, dtype: torch.dtype
     ) -> BufferStep:
-        """Where a step without gradients of ``batch`` inputs from ``state`` writes each
-        layer's memory (a store with room for it) and the call every layer sees;
-        `planned_output` finishes it."""
-        call = self._call(state, batch, 1, episode_start, True, True, dtype)
-        begin = call.query_begin[:, 0]
+        """Where a step without gradients of ``batch`` inputs from ``state`` (``episode_start``
+        (B,) or None) writes each layer's memory (a store with room for it) and the call every
+        layer sees; `planned_output` finishes it."""
+        call, begin = self._step_call(state, batch, episode_start, dtype)
         memories = [
             layer.kind.with_room(memory, state.time, begin)
             for layer, memory in zip(self.layers, state.layers, strict=True)
@@ -240,13 +237,40 @@ class MemoryTransformer(nn.Module):
             buffers=[store.buffer for store in stores],
             slots=[store.length for store in stores],
             writes=[store.slot(store.length) for store in stores],
-            call=replace(call, start=call.positions),  # a tensor: an input of a compiled step
+            call=call,
         )
+
+    def _step_call(
+        self, state: MemoryState, batch: int, episode_start: Tensor | None, dtype: torch.dtype
+    ) -> tuple[Call, Tensor]:
+        """`_call` for one step in the buffers, whose start is its time as a tensor (B, 1) (an
+        input of a compiled step), and the episode begins after the step (B,), found once."""
+        self._check_batch(state, batch)
+        time, begin = state.time, state.episode_begin
+        if episode_start is not None:
+            begin = torch.where(self._as_starts(episode_start, state.device), time, begin)
+        if isinstance(time, Tensor):
+            positions = time.expand(batch, 1)
+        else:
+            positions = begin.new_full((batch, 1), time)
+        call = Call(
+            start=positions,
+            positions=positions,
+            query_begin=begin[:, None],
+            memory_begin=state.episode_begin,
+            in_place=True,
+            recompute=False,
+            next_state=True,
+            fixed_shapes=state.fixed_shapes,
+            dtype=dtype,
+            offsets=None,
+        )
+        return call, begin
 
     def planned_output(
         self, plan: BufferStep, hidden: Tensor, count: Tensor, spans: tuple[Tensor, ...] | None
     ) -> CoreOutput:
-        """The output of the step ``plan``, whose layers gave ``hidden`` (B, 1, dim), the
+        """The output of the step ``plan``, whose layers gave ``hidden`` (B, dim), the
         ``count`` of keys seen and the new memories' ``spans``."""
         state = plan.state
         layers = tuple(memory.replace(recent=memory["recent"].grown(1)) for memory in state.layers)
@@ -296,11 +320,7 @@ class MemoryTransformer(nn.Module):
         next_state: bool,
         dtype: torch.dtype,
     ) -> Call:
-        if state.batch_size != batch:
-            raise ValueError(
-                f"the state holds {state.batch_size} sequences but the input has {batch}; "
-                "start a new state with core.initial_state(batch_size) to change batch size"
-            )
+        self._check_batch(state, batch)
         device, time = state.device, state.time
         if isinstance(time, Tensor):
             positions = (time + torch.arange(length, device=device)).expand(batch, -1)
@@ -317,12 +337,7 @@ class MemoryTransformer(nn.Module):
                     f"episode_start must have shape {(batch, length)} (one flag per timestep), "
                     f"got {tuple(episode_start.shape)}"
                 )
-            starts = episode_start
-            if not isinstance(starts, Tensor) or (starts.dtype, starts.device) != (
-                torch.bool,
-                device,
-            ):
-                starts = torch.as_tensor(episode_start, dtype=torch.bool, device=device)
+            starts = self._as_starts(episode_start, device)
             query_begin = torch.where(starts, positions, query_begin)
             if length > 1:
                 query_begin = query_begin.cummax(1).values
@@ -339,6 +354,24 @@ class MemoryTransformer(nn.Module):
             offsets=torch.arange(length, device=device, dtype=dtype) if length > 1 else None,
         )
 
+    @staticmethod
+    def _check_batch(state: MemoryState, batch: int) -> None:
+        if state.batch_size != batch:
+            raise ValueError(
+                f"the state holds {state.batch_size} sequences but the input has {batch}; "
+                "start a new state with core.initial_state(batch_size) to change batch size"
+            )
+
+    @staticmethod
+    def _as_starts(episode_start: Tensor, device: torch.device) -> Tensor:
+        """``episode_start`` (a tensor or an array) as a bool tensor on ``device``."""
+        if isinstance(episode_start, Tensor) and (episode_start.dtype, episode_start.device) == (
+            torch.bool,
+            device,
+        ):
+            return episode_start
+        return torch.as_tensor(episode_start, dtype=torch.bool, device=device)
+
 
 def layers_in_buffers(
     core: MemoryTransformer,
@@ -347,7 +380,7 @@ def layers_in_buffers(
     slots: list[list[Tensor]] | list[Tensor],
     call: Call,
 ) -> tuple[Tensor, Tensor, tuple[Tensor, ...] | None]:
-    """The final-normed output of the core's layers for one step ``x`` (B, 1, dim), writing
+    """The final-normed output (B, dim) of the core's layers for one step ``x`` (B, dim), writing
     each layer's memory into slot ``slots[l]`` of ``buffers[l]`` (`write_slot`); the count
     of keys seen, and the spans of the new memories (None for kinds without)."""
     h, counts, spans = x, [], []

@@ -410,6 +410,27 @@ def test_learning_after_an_update_reads_carried_memories_as_acting_does(kind):
         assert (stale - learning).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("schedule", ["constant", "rate"])
+def test_the_anchor_schedule_scales_the_coefficient_with_the_rate(schedule):
+    """agent.anchor_schedule=rate: update u of N is anchored at C x (1 - u / N) under the
+    linear rate, C x 1 under a constant one; constant: at C throughout."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[*TINY_RL, "agent.anchor_coef=2", "agent.lr=1e-3"])
+    agent = make_agent("expire_span")
+    for lr_schedule in ("constant", "linear"):
+        cfg.agent.lr_schedule, cfg.agent.anchor_schedule = lr_schedule, schedule
+        learner = Learner(agent, cfg.agent, 4, DistInfo(device=torch.device("cpu")))
+        coefficients, rates = [], []
+        for update in range(4):
+            learner.set_rate(update)
+            coefficients.append(learner.anchor_coef)
+            rates.append(learner.optimizer.param_groups[0]["lr"])
+        linear = [1 - u / 4 for u in range(4)] if lr_schedule == "linear" else [1.0] * 4
+        scaled = linear if schedule == "rate" else [1.0] * 4
+        assert coefficients == pytest.approx([2.0 * f for f in scaled])
+        assert rates == pytest.approx([1e-3 * f for f in linear])
+
+
 def test_the_anchor_reads_its_own_memory():
     """The anchor's policy over an unroll is the anchor acting step by step from its own
     memory (its weights' keys, values and spans), not the agent's memory read with the

@@ -92,6 +92,30 @@ def test_throughput_averages_the_runs_started_together_after_their_first_interva
     assert result == {"per_s": 200, "unit": "steps", "memory_size": 5.0}
 
 
+def test_throughput_repeats_take_the_codes_in_turn_and_give_the_median_paired_ratio(
+    monkeypatch, capsys
+):
+    throughput = load_script("benchmarks/throughput")
+    rates = {"ref": iter([100, 200, 100]), throughput.WORKING_TREE: iter([110, 180, 130])}
+    order = []
+
+    def measure(code_dir, setting, steps):
+        order.append(code_dir.name)
+        return {"per_s": next(rates[code_dir.name]), "unit": "steps", "memory_size": 1.0}
+
+    codes = {"ref": Path("ref"), throughput.WORKING_TREE: Path(throughput.WORKING_TREE)}
+    monkeypatch.setattr(throughput, "code_versions", lambda reference, into: codes)
+    monkeypatch.setattr(throughput, "measure", measure)
+    argv = ["throughput.py", "--reference", "HEAD", "--repeats", "3", "--settings", "lm_copy"]
+    monkeypatch.setattr(sys, "argv", argv)
+    throughput.main()
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert order == ["ref", throughput.WORKING_TREE] * 3
+    assert [line["repeat"] for line in lines[:-1]] == [0, 0, 1, 1, 2, 2]
+    # paired ratios 1.1, 0.9, 1.3: the median of the pairs, not the ratio of the means
+    assert lines[-1] == {"setting": "lm_copy", "ratio": 1.1, "ratio_min": 0.9, "ratio_max": 1.3}
+
+
 def test_the_gpu_throughput_settings_are_runs_train_rl_accepts_on_cuda(monkeypatch):
     """Each gpu_ setting's command passes train_rl.py's checks as a CUDA machine would run it,
     runs more than its first logging interval, and none runs by default on a CPU."""

@@ -641,7 +641,7 @@ def test_attend_differentiates_as_autograd_through_its_operations(window, dropou
         inputs = [t.clone().requires_grad_() for t in (q, k, v, log_mask(m, m.dtype), position)]
         width = 7
         distance = None if window == "consecutive" else torch.randint(-3, 6, (batch, width))
-        lookup = PositionWindow(width, distance, heads, queries, reach)
+        lookup = PositionWindow(width, distance, queries, reach)
         gradients = []
         for function in (Attend.apply, lambda *args: attend(*args)[:2]):
             with torch.random.fork_rng():

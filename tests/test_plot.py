@@ -641,6 +641,19 @@ def test_curves_table_and_figure_from_run_directories(tmp_path, capsys):
     assert rows[1].endswith("| no | 0.50 greedy | 4.0 |")  # the config's eval.greedy (unset)
     assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
+    evaluation["greedy"].update(truncated=0.013, length_ratio=1.0049, blocked_likely=0.002)
+    evaluation["sampled"].update(truncated=0.0, length_ratio=1.02)
+    (tmp_path / "a" / "eval.json").write_text(json.dumps(evaluation))
+    runs = [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert curves.main([*runs, "--markdown", "--acting"]) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith("| ")][1:]
+    assert rows[0].endswith(
+        "| yes | 0.987 / 1.000 | 0.013 / 0.000 | 1.005 / 1.020 | 0.002 | 12.3 |"
+    )
+    assert rows[1].endswith("| no | - | - | - | - | - |")  # no evaluation of both policies
+    assert out.rstrip().endswith("median first >= 0.95: 2k over 2 of 2 runs")
+
 
 @pytest.mark.slow
 def test_curves_refuses_a_language_model_run_in_one_line(tmp_path):

@@ -61,6 +61,7 @@ CHANGEABLE = {
         "agent.entropy_coef",
         "agent.anchor_coef",
         "agent.anchor_follows",
+        "agent.anchor_schedule",
     ),
     "lm": ("lr", "grad_clip"),
 }

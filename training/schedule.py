@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 LR_SCHEDULES = ("constant", "linear")  # the RL learner's choices (agent.lr_schedule)
+ANCHOR_SCHEDULES = ("constant", "rate")  # agent.anchor_schedule: rate scales with lr_fraction
 
 
 def lr_fraction(schedule: str, step: int, total: int, warmup: int = 0, floor: float = 0.0) -> float:
