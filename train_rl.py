@@ -27,10 +27,12 @@ from pathlib import Path
 import gymnasium as gym
 import hydra
 import numpy as np
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from agents import BASELINE_KINDS, ActorCritic
 from agents.actor_critic import check_spaces
+from agents.anchor import weights_copy
 from agents.build import build_agent
 from agents.compiled_step import refuse_unchecked_target
 from agents.encoders import NORMALISE
@@ -234,6 +236,9 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
         guard = DivergenceGuard(cfg, agent, learner.optimizer, dist, run_dir, remedy)
         if learner.anchored:
             learner.anchor.start(player.state)
+        # The weights this logging interval began with: their policy played it, so they are
+        # what its success measured (best.pt and the anchor), not the weights after its updates.
+        interval_start = (checkpoint or {}).get("interval_start") or weights_copy(agent)
         logger = start_logging(resources, run_dir, cfg, dist.is_main, checkpoint)
         bar = resources.enter_context(
             progress_bar(
@@ -268,9 +273,20 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
                     metrics["mmer"] = progress.mmer
                 logger.log(metrics, step=progress.step)
                 set_metrics(bar, {k: metrics[k] for k in PROGRESS_KEYS if k in metrics})
-                keep_best(cfg, metrics, learner, player, progress, run_dir, dist)
+                keep_best(cfg, metrics, interval_start, learner, player, progress, run_dir, dist)
+                interval_start = weights_copy(agent)
             if progress.update % cfg.checkpoint_interval == 0 or last:
-                save_training(cfg, learner, player, span_stats, interval, progress, run_dir, dist)
+                save_training(
+                    cfg,
+                    learner,
+                    player,
+                    span_stats,
+                    interval,
+                    interval_start,
+                    progress,
+                    run_dir,
+                    dist,
+                )
         bar.close()
         if cfg.eval.after_training and dist.is_main:
             report_trained_agent(agent, cfg, run_dir)
@@ -334,15 +350,17 @@ def interval_metrics(
 def keep_best(
     cfg: DictConfig,
     metrics: dict[str, float],
+    played: dict[str, torch.Tensor],
     learner: Learner,
     player: Player,
     progress: RunProgress,
     run_dir: Path,
     dist: DistInfo,
 ) -> None:
-    """At a new best interval (of the task metric), keeps its model beside the last one
-    (RUN_DIR/best.pt; the same on every rank: the metrics are averaged over ranks), and the
-    KL anchor at it; with agent.anchor_follows, the anchor at every interval that holds."""
+    """At a new best interval (of the task metric), keeps the agent that played it, its weights
+    ``played`` at the interval's start, beside the last one (RUN_DIR/best.pt; the same on every
+    rank: the metrics are averaged over ranks), and the KL anchor at it; with
+    agent.anchor_follows, the anchor at every interval that holds."""
     best = progress.best
     metric = best["metric"] if best else task_metric(cfg.env.name, [metrics])
     value = metrics[metric]
@@ -350,12 +368,12 @@ def keep_best(
         return
     new_best = best is None or value > best["value"]
     if learner.anchor is not None and (new_best or cfg.agent.anchor_follows):
-        learner.anchor.keep(learner.agent, value, player.state)
+        learner.anchor.keep(played, value, player.state)
     if not new_best:
         return
     progress.best = {"metric": metric, "value": value, "step": progress.step}
     if dist.is_main:
-        model = {"agent": learner.agent.state_dict(), "step": progress.step}
+        model = {"agent": played, "step": progress.step}
         model.update(best=progress.best, config=OmegaConf.to_container(cfg, resolve=True))
         save_checkpoint(run_dir, model, filename=BEST_CHECKPOINT_FILE)
 
@@ -366,12 +384,14 @@ def save_training(
     player: Player,
     span_stats: SpanStats,
     interval: UpdateMeans,
+    interval_start: dict[str, torch.Tensor],
     progress: RunProgress,
     run_dir: Path,
     dist: DistInfo,
 ) -> None:
-    """RUN_DIR/checkpoint.pt: the learner, the progress and what each rank's acting carries
-    to the next update (a collective: every rank takes part), which `restore` loads."""
+    """RUN_DIR/checkpoint.pt: the learner, the progress, the weights the logging interval began
+    with and what each rank's acting carries to the next update (a collective: every rank takes
+    part), which `restore` loads."""
     anchor_memory = learner.anchor.memory_state_dict() if learner.anchored else None
     acting = {
         **player.state_dict(learner.agent.core),
@@ -383,7 +403,7 @@ def save_training(
     gathered = gather_rank_states(dist, learner.agent, acting=acting)
     if dist.is_main:
         state = {**gathered, **learner.state_dict(), "update": progress.update}
-        state.update(step=progress.step, best=progress.best)
+        state.update(step=progress.step, best=progress.best, interval_start=interval_start)
         state["config"] = OmegaConf.to_container(cfg, resolve=True)
         save_checkpoint(run_dir, state, keep_last=cfg.checkpoint_keep)
 

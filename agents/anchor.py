@@ -1,4 +1,5 @@
-"""The KL anchor: a frozen copy of the agent at its best solved interval (`PolicyAnchor`)."""
+"""The KL anchor: a frozen copy of the agent that played its best solved interval
+(`PolicyAnchor`)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,23 @@ from agents.core import State
 from agents.distributions import PolicyParams
 
 
+def weights_copy(agent: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The agent's weights (its ``state_dict``) as they are now, unchanged by later updates."""
+    return {name: value.detach().clone() for name, value in agent.state_dict().items()}
+
+
 class PolicyAnchor:
-    """The agent of the best logged interval, once that interval solved the task (its task
-    metric, `envs.registry.task_metric`, at least ``solved``), whose policy a KL penalty holds
-    the agent near (``agent.anchor_coef``). PPO's clip bounds a policy's move only where an
-    advantage pushes it; once a task is solved the advantages are about 0, and the critic's
-    regression reshapes the shared core under a policy that nothing holds in place. Before the
-    task is solved there is no anchor: one at an unsolved policy would hold back learning (a KL
-    to a near-uniform policy is an entropy bonus).
+    """The agent that played the best logged interval, once that interval solved the task (its
+    task metric, `envs.registry.task_metric`, at least ``solved``), whose policy a KL penalty
+    holds the agent near (``agent.anchor_coef``). The agent that played an interval is its
+    weights at the interval's start: an interval's success measures the policies that acted in
+    it, and its last update may already have lost a case (tuning seed 8 of the full Corridor:
+    an interval at 0.972 whose end weights succeed 0.79, one case of four at 0). PPO's clip
+    bounds a policy's move only where an advantage pushes it; once a task is solved the
+    advantages are about 0, and the critic's regression reshapes the shared core under a
+    policy that nothing holds in place. Before the task is solved there is no anchor: one at an
+    unsolved policy would hold back learning (a KL to a near-uniform policy is an entropy
+    bonus).
 
     The anchor reads its own memory (``state``): it starts as the agent's carried memory with
     keys, values and spans recomputed by the anchor's weights, and from then on holds what the
@@ -32,11 +42,12 @@ class PolicyAnchor:
         self.active = False
         self.state: State | None = None  # the anchor's memory at the next unroll's start
 
-    def keep(self, agent: torch.nn.Module, level: float, state: State) -> None:
-        """At a new best interval, whose task metric is ``level``; ``state``: the agent's
-        memory at the start of the next unroll."""
+    def keep(self, weights: dict[str, torch.Tensor], level: float, state: State) -> None:
+        """At a new best interval, whose task metric is ``level``, played by the agent of
+        ``weights`` (`weights_copy` at the interval's start); ``state``: the agent's memory at
+        the start of the next unroll."""
         if level >= self.solved:
-            self.model.load_state_dict(agent.state_dict())
+            self.model.load_state_dict(weights)
             self.state = self.model.core.refresh(state)
             self.active = True
 

@@ -23,7 +23,7 @@ from agents import (
     RecurrentCore,
     compiled_step,
 )
-from agents.anchor import PolicyAnchor
+from agents.anchor import PolicyAnchor, weights_copy
 from agents.build import build_agent
 from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
 from agents.core import Core
@@ -317,9 +317,9 @@ def test_policy_anchor_keeps_the_best_agent_once_it_solved_the_task():
             p.add_(1.0)
     before = flat_parameters(anchor.model)
     state = agent.initial_state(2)
-    anchor.keep(agent, 0.9, state)  # a new best that has not solved the task
+    anchor.keep(weights_copy(agent), 0.9, state)  # a new best that has not solved the task
     assert not anchor.active and torch.equal(flat_parameters(anchor.model), before)
-    anchor.keep(agent, 0.96, state)
+    anchor.keep(weights_copy(agent), 0.96, state)
     assert anchor.active and torch.equal(flat_parameters(anchor.model), flat_parameters(agent))
     assert not any(p.requires_grad for p in anchor.model.parameters())
 
@@ -351,7 +351,7 @@ def test_an_anchor_holds_the_policy_while_the_critic_reshapes_the_core():
         torch.manual_seed(1)
         for _ in range(50):
             if renewed or not anchor.active:
-                anchor.keep(agent, 1.0, state)
+                anchor.keep(weights_copy(agent), 1.0, state)
             logits, values, _ = agent(obs, state, starts)
             loss = 0.5 * (values - torch.randn(B, T)).pow(2).mean()  # the critic's noise
             anchor.state = state  # (the same unroll each time)
@@ -442,7 +442,7 @@ def test_the_anchor_reads_its_own_memory():
     _, carried = act_for(agent, obs[:, :T], agent.initial_state(B))
     anchor = PolicyAnchor(agent, solved=0.95)
     nudged(agent)  # the agent the anchor was kept from acted (and wrote memories) before
-    anchor.keep(agent, 1.0, carried)
+    anchor.keep(weights_copy(agent), 1.0, carried)
     nudged(agent)  # and the agent moves on
     continuing = torch.zeros(B, T, dtype=torch.bool)
     own = anchor.state  # the anchor's memory as its acting would carry it

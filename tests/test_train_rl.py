@@ -207,21 +207,31 @@ def test_a_resume_may_change_the_learner_and_records_the_change(tmp_path):
 
 
 @pytest.mark.parametrize("follows", [False, True])
-def test_the_anchor_is_the_best_intervals_agent_or_follows_every_one_that_holds(tmp_path, follows):
-    """With every interval holding (anchor_from=0), a following anchor is the agent of the last
-    interval, the one the run ends with; the default one stays at the best interval's agent."""
+def test_the_anchor_is_the_agent_that_played_the_best_or_each_holding_interval(tmp_path, follows):
+    """With every interval holding (anchor_from=0), a following anchor is the agent that played
+    the last interval (the weights it began with, the previous interval's checkpoint), not the
+    one the run ends with; the default one stays at the best interval's, which best.pt keeps."""
     run_dir = tmp_path / "run"
     args = [*TINY_RL, "agent.anchor_from=0", f"agent.anchor_follows={follows}"]
-    result = run(
-        [*args, f"total_steps={6 * STEPS_PER_UPDATE}", "eval.after_training=false"], run_dir
-    )
+    args += ["checkpoint_interval=1", "checkpoint_keep=10", "eval.after_training=false"]
+    result = run([*args, f"total_steps={6 * STEPS_PER_UPDATE}"], run_dir)
     assert result.returncode == 0, result.stderr
+
+    def agent_at(step: int) -> dict:
+        return torch.load(run_dir / f"checkpoint_{step}.pt", weights_only=True)["agent"]
+
+    def same(a: dict, b: dict) -> bool:
+        return all(torch.equal(a[k], b[k]) for k in a)
+
     saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     best = torch.load(run_dir / "best.pt", weights_only=True)
-    same = [torch.equal(saved["anchor"][k], saved["agent"][k]) for k in saved["agent"]]
-    kept_best = [torch.equal(saved["anchor"][k], best["agent"][k]) for k in best["agent"]]
+    assert not same(saved["anchor"], saved["agent"])
+    assert same(saved["interval_start"], saved["agent"])  # (the next interval's)
     assert best["best"]["step"] < 6 * STEPS_PER_UPDATE  # (the last interval is not the best)
-    assert all(same) == follows and all(kept_best) != follows
+    if best["best"]["step"] > STEPS_PER_UPDATE:
+        assert same(best["agent"], agent_at(best["best"]["step"] - STEPS_PER_UPDATE))
+    assert same(saved["anchor"], agent_at(5 * STEPS_PER_UPDATE)) == follows
+    assert same(saved["anchor"], best["agent"]) != follows
 
 
 # Each env with its defaults, and the state only some settings carry. (POPGym's and other
