@@ -86,17 +86,20 @@ def write_settings_csv(settings: Sequence[Setting], path: Path) -> None:
             )
 
 
-def markdown_tables(settings: Sequence[Setting], out_dir: Path) -> list[str]:
+def markdown_tables(
+    settings: Sequence[Setting], out_dir: Path, reps: int = BOOTSTRAP_REPS
+) -> list[str]:
     """What `--markdown` prints: each figure's table and comparison, then for several figures
-    the suite's (`suite_tables`, whose aggregate figures go to OUT_DIR)."""
+    the suite's (`suite_tables`, whose aggregate figures go to OUT_DIR); every interval from
+    ``reps`` bootstrap samples."""
     figures = by_figure(settings)
     tables = []
     for (group, metric), panel in figures.items():
         tables.append(f"{group}, {metric}:\n\n{markdown_table(panel)}")
-        if compared := comparison_table(panel):
+        if compared := comparison_table(panel, reps):
             tables.append(compared)
     if len(figures) > 1:
-        tables += suite_tables(settings, out_dir)
+        tables += suite_tables(settings, out_dir, reps)
     return tables
 
 
@@ -125,7 +128,7 @@ def markdown_table(settings: Sequence[Setting]) -> str:
     return "\n".join(lines)
 
 
-def comparison_table(panel: Sequence[Setting]) -> str | None:
+def comparison_table(panel: Sequence[Setting], reps: int = BOOTSTRAP_REPS) -> str | None:
     """One figure's Expire-Span settings against each other setting: the probability that a run
     of one ends better than a run of the other, with its bootstrap interval (`analysis.aggregate`
     and rliable); None without Expire-Span and another setting, or without rliable."""
@@ -138,6 +141,7 @@ def comparison_table(panel: Sequence[Setting]) -> str | None:
         finals,
         [setting_label(s) for s in references],
         lower_is_better=metric.endswith(LOWER_BETTER),
+        reps=reps,
     )
     single = [label for label, values in finals.items() if len(values) < MIN_COMPARED_RUNS]
     left_out = (
@@ -150,14 +154,16 @@ def comparison_table(panel: Sequence[Setting]) -> str | None:
         return f"{panel[0].group}, {metric}: no comparison.{left_out}"
     return (
         f"{panel[0].group}, {metric}: each Expire-Span setting against every other, over their "
-        f"runs' final {metric} (rliable, {BOOTSTRAP_REPS} bootstrap samples; p: a one-sided "
+        f"runs' final {metric} (rliable, {reps} bootstrap samples; p: a one-sided "
         "permutation test of the same probability):\n\n"
         + comparison_markdown(comparisons)
         + left_out
     )
 
 
-def suite_tables(settings: Sequence[Setting], out_dir: Path) -> list[str]:
+def suite_tables(
+    settings: Sequence[Setting], out_dir: Path, reps: int = BOOTSTRAP_REPS
+) -> list[str]:
     """For runs over several tasks, per budget (total_steps: scores after 1M and 10M steps are
     not draws of one distribution): the table of every task (`task_table`) and, for RL runs,
     the rliable aggregate, drawn in OUT_DIR/aggregate.png, or aggregate_<steps>.png for each
@@ -178,7 +184,7 @@ def suite_tables(settings: Sequence[Setting], out_dir: Path) -> list[str]:
             run for run in runs if run.kind == NO_MEMORY and (run.total_steps or 0) != budget
         ]
         try:
-            text, drawn = write_aggregate(alike, figure, baselines)
+            text, drawn = write_aggregate(alike, figure, baselines, reps)
         except AggregateError as error:
             warn("no aggregate across tasks", [str(error)])
             continue
@@ -212,7 +218,10 @@ def task_table(settings: Sequence[Setting]) -> str:
 
 
 def write_aggregate(
-    runs: Sequence[RunResult], figure: Path, baselines: Sequence[RunResult] = ()
+    runs: Sequence[RunResult],
+    figure: Path,
+    baselines: Sequence[RunResult] = (),
+    reps: int = BOOTSTRAP_REPS,
 ) -> tuple[str, bool]:
     """The rliable tables of RL runs over several tasks (`analysis.aggregate`), each memory
     labelled by its kind and setting, and whether they were drawn in ``figure`` (not without
@@ -226,7 +235,7 @@ def write_aggregate(
             'the aggregate needs rliable, which is not installed: pip install -e ".[stats]"'
         )
     scores, baseline_scores = ([_score(run) for run in group] for group in (runs, baselines))
-    text, result = aggregate_markdown(scores, baselines=baseline_scores)
+    text, result = aggregate_markdown(scores, baselines=baseline_scores, reps=reps)
     if "iqm" not in result:
         return text, False
     save_png(plot_aggregate(result), figure)

@@ -29,6 +29,7 @@ from analysis.plot import main
 pytest.importorskip("rliable", reason='the stats extra: pip install -e ".[stats]"')
 stats = pytest.importorskip("scipy.stats", reason='the stats extra: pip install -e ".[stats]"')
 REPS = 300
+FEWER_REPS = ["--bootstrap-reps", str(REPS)]  # (the plot command's intervals, at a tenth the time)
 
 
 def test_returns_and_rates_are_normalised_to_the_unit_interval():
@@ -221,7 +222,7 @@ def two_task_suite(root):
         for task, levels in (("RepeatFirstEasy", (1.0, 0.6)), ("CountRecallEasy", (0.2, -0.2))):
             for kind, level in zip(("expire_span", "gru"), levels, strict=True):
                 popgym_runs(root / "runs", task, kind, seed, level)
-    return [str(root / "runs"), "--out", str(root / "out"), "--markdown"]
+    return [str(root / "runs"), "--out", str(root / "out"), "--markdown", *FEWER_REPS]
 
 
 @pytest.mark.slow
@@ -230,6 +231,7 @@ def test_the_plot_command_prints_the_aggregate_and_draws_it(tmp_path, capsys):
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Across seeds and the 2 learned tasks" in out
+    assert f"rliable, {REPS} stratified" in out
     iqm_row = next(line for line in out.splitlines() if line.startswith("| gru | 6 |"))
     point = float(iqm_row.split("|")[3].split()[0])
     expected = stats.trim_mean([(0.6 + 1) / 2] * 3 + [(-0.2 + 1) / 2] * 3, 0.25)
@@ -277,7 +279,7 @@ def test_a_budget_without_runs_without_memory_starts_where_another_budgets_end(t
             for kind in ("expire_span", "gru"):
                 level_10m = {"HigherLowerEasy": 0.52, "CountRecallEasy": 0.4}[task]
                 popgym_runs(runs, task, kind, seed, level_10m, 10_000_000)
-    assert main([str(runs), "--out", str(tmp_path / "out"), "--markdown"]) == 0
+    assert main([str(runs), "--out", str(tmp_path / "out"), "--markdown", *FEWER_REPS]) == 0
     long = capsys.readouterr().out.split("Runs of 10,000,000 steps:")[1]
     assert "the 1 learned tasks (popgym-CountRecallEasy-v0; unlearned: popgym-Higher" in long
     row = next(
@@ -308,10 +310,10 @@ def test_the_plot_command_compares_expire_span_with_each_setting_of_an_lm_task(t
             cfg = {"task": {"name": "collision"}, "memory": {"kind": kind, "max_span": span}}
             records = [{"step": 250, "valid_error": error + 0.01 * seed, "valid_memory_size": 9.0}]
             make_run(tmp_path / "runs" / f"{kind}-{span}-{seed}", {**cfg, "seed": seed}, records)
-    argv = [str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--markdown"]
+    argv = [str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--markdown", *FEWER_REPS]
     assert main(argv) == 0
     out = capsys.readouterr().out
-    assert "each Expire-Span setting against every other" in out
+    assert f"every other, over their runs' final valid_error (rliable, {REPS} bootstrap" in out
     rows = {line.split(" | ")[0]: line for line in out.splitlines() if line.startswith("| Expire")}
     header = next(line for line in out.splitlines() if line.startswith("| P(row > column)"))
     assert header.count("|") == 5  # three other settings for each row (two of them Expire-Span)
