@@ -591,6 +591,7 @@ def test_a_compiled_step_acts_as_the_eager_step(kind, action_space, target, monk
     assert compiled.compiled_step.signature == (B, True, False)
 
 
+@pytest.mark.slow  # (Dynamo traces every padded length)
 def test_a_compiled_learner_compiles_once_for_each_padded_length(monkeypatch):
     """compile_learner: the start memory's length and time index change from one update to
     the next, but the learner pads its minibatches' stores to few lengths and hands the

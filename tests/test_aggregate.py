@@ -288,6 +288,7 @@ def test_a_budget_without_runs_without_memory_starts_where_another_budgets_end(t
     assert float(row.split(" | ")[1]) == pytest.approx((0.5 + 1) / 2, abs=0.002)  # no memory's
 
 
+@pytest.mark.slow  # (five bootstraps)
 def test_an_interval_is_the_same_twice_and_whatever_else_is_compared():
     rng = np.random.default_rng(1)
     matrices = {kind: rng.random((3, 4)) for kind in ("expire_span", "gru", "lstm")}

@@ -109,6 +109,7 @@ def test_gradients_do_not_change_outputs(kind):
     assert (stepped - expected[:, :10]).abs().max() < TOLERANCE
 
 
+@pytest.mark.slow  # (finite differences of every input and weight)
 @pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("memory", ["empty", "carried"])
 def test_the_hand_written_backward_is_autograds(kind, memory):

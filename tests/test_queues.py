@@ -37,6 +37,7 @@ def queued_runs(script: str, cwd) -> dict[str, list[str]]:
     return runs
 
 
+@pytest.mark.slow  # (the config check of every setting queued)
 @pytest.mark.parametrize("script", QUEUES)
 def test_every_queued_run_is_a_command_its_trainer_accepts(script, tmp_path):
     (tmp_path / "configs/tuned").mkdir(parents=True)  # suite.sh waits for the tuning's choices

@@ -183,6 +183,7 @@ def test_a_bf16_step_autocasts_the_model_but_keeps_spans_and_the_loss_in_float32
     assert losses["bf16"] != losses["fp32"]  # (autocast did act)
 
 
+@pytest.mark.slow  # (Dynamo traces every padded length)
 def test_a_compiled_step_compiles_once_for_each_padded_length():
     """compile_step: before each step the carried memory is compacted and padded in front to
     few lengths (`MemoryState.compacted`), so Dynamo (here with an eager backend that counts
