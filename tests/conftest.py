@@ -19,6 +19,12 @@ if WORKERS > 1:
     os.environ["OMP_NUM_THREADS"] = str(share)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The learning runs (`learning`) first: the suite's longest tests, started near its end, would
+    keep one worker busy while the others have nothing left to run."""
+    items.sort(key=lambda item: item.get_closest_marker("learning") is None)  # (a stable sort)
+
+
 @pytest.fixture
 def one_thread():
     """Tiny tensors: one thread is fastest and immune to a busy second core."""

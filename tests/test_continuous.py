@@ -86,6 +86,7 @@ def test_the_env_gets_the_action_clipped_and_the_agent_keeps_the_one_it_sampled(
 
 @pytest.mark.parametrize("seed", [100, 101])
 @pytest.mark.slow
+@pytest.mark.learning
 def test_a_continuous_task_is_learned(tmp_path, seed):
     """Target-v0 pays -(a - target)^2 per step, the target shown x100 in the observation: the
     greedy agent's episode return goes from about -1.25 (mean 0) to near 0."""

@@ -180,6 +180,7 @@ def test_a_popgym_anchor_is_kept_by_the_normalised_return(tmp_path, anchor_from,
 
 @pytest.mark.skipif(importlib.util.find_spec("popgym") is None, reason="popgym is not installed")
 @pytest.mark.slow
+@pytest.mark.learning
 def test_the_default_agent_learns_repeat_previous_on_most_seeds(tmp_path):
     """The default agent (expire_span, PPO 8 x 8, 32 environments) on POPGym's
     RepeatPreviousEasy from the command line, seeds 0-2 side by side: a random policy's return

@@ -576,6 +576,7 @@ def test_torchrun_keeps_parameters_identical_across_two_processes(tmp_path):
     assert first == second
 
 
+@pytest.mark.learning
 def test_the_default_agent_solves_the_short_corridor_on_most_seeds(tmp_path):
     """Learning that really happens: the default agent (PPO, expire_span) on Corridor 3..20,
     from the command line, seeds 0-2 side by side. At least two of the three reach success
