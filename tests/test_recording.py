@@ -112,8 +112,8 @@ def test_a_recording_shows_each_layer_keeping_what_the_spans_say(monkeypatch, tm
 
 
 @pytest.mark.parametrize("memory", ["gru", "transformer_xl"])
-def test_a_recurrent_core_records_bare_frames(tmp_path, memory):
-    """A GRU keeps no memories to show; Transformer-XL keeps its last L steps."""
+def test_a_gru_records_bare_frames_and_transformer_xl_its_last_steps(tmp_path, memory):
+    """A GRU keeps no memories to show; Transformer-XL keeps its last L = 4 steps."""
     agent, cfg = tiny_agent(f"memory={memory}", "memory.max_span=4")
     record_episode(agent, cfg.env, tmp_path / "episode.txt", seed=3, greedy=True)
     frames = (tmp_path / "episode.txt").read_text().split("\n\n")
