@@ -224,7 +224,8 @@ def memory_strip(kept: np.ndarray, steps: int, width: int) -> np.ndarray:
     side, per_line = strip_cells(steps, width)
     lines = -(-steps // per_line)  # (ceil)
     band = lines * side + STRIP_GAP  # a layer's lines of cells and the gap under them
-    strip = np.full((len(kept) * band, width, 3), STRIP_BLANK, dtype=np.uint8)
+    height = -(-len(kept) * band // 16) * 16  # (whole macro blocks: an mp4 is not rescaled)
+    strip = np.full((height, width, 3), STRIP_BLANK, dtype=np.uint8)
     for layer, row in enumerate(kept):
         for step, cell in enumerate(row):
             line, column = divmod(step, per_line)

@@ -64,7 +64,7 @@ def cell_shades(frame: np.ndarray, height: int, layers: int, steps: int) -> list
 def test_the_strip_draws_a_cell_per_step_and_wraps_a_long_episode():
     kept = np.array([[True, False, True], [False, False, True]])
     strip = memory_strip(kept, steps=5, width=100)  # cells of 16 pixels, all on one line
-    assert strip.shape == (2 * (16 + STRIP_GAP), 100, 3) and strip.dtype == np.uint8
+    assert strip.shape == (48, 100, 3) and strip.dtype == np.uint8  # 2 x (16 + gap), in 16s
     centres = strip[[7, 16 + STRIP_GAP + 7]][:, 7::16][:, :5].mean(-1)
     assert (centres[kept.nonzero()] < 100).all()
     assert ((centres[(~kept).nonzero()] > 100) & (centres[(~kept).nonzero()] < 240)).all()
@@ -72,7 +72,7 @@ def test_the_strip_draws_a_cell_per_step_and_wraps_a_long_episode():
 
     assert strip_cells(steps=100, width=60) == (3, 20)  # the least cell: 5 lines of 20
     wrapped = memory_strip(np.ones((1, 57), bool), steps=100, width=60)
-    assert wrapped.shape == (5 * 3 + STRIP_GAP, 60, 3)
+    assert wrapped.shape == (32, 60, 3)  # 5 x 3 + gap, in 16s
     assert wrapped[2 * 3 + 1, 16 * 3 + 1].mean() < 100  # step 56: line 2, column 16
     assert wrapped[2 * 3 + 1, 17 * 3 + 1].mean() == 255  # step 57: to come
 
