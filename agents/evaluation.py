@@ -1,7 +1,8 @@
 """Evaluating a trained agent: episodes on seeds training never used, acting by its most likely
 action (greedy) and by sampling as training does, their outcome and how the agent acts
 (episode lengths against the shortest path, moves into walls), and for memory transformers the
-spans they give (mode=eval, a finished run's eval.json); recording one episode."""
+spans they give (mode=eval, a finished run's eval.json); recording one episode, with what a
+memory transformer's memory keeps under every frame (eval.record)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from agents.actor_critic import ActorCritic
+from agents.core import Core, State
 from agents.distributions import sample
 from agents.episodes import EpisodeStats
 from agents.play import Player
@@ -25,6 +27,9 @@ from training.seeding import env_seeds
 
 # eval.policy: which policies an evaluation acts by (both: each on the same episodes' seeds)
 POLICIES = {"both": ("greedy", "sampled"), "greedy": ("greedy",), "sampled": ("sampled",)}
+# A recording's memory strip (`memory_strip`): a cell per step, dark while its memory is kept
+STRIP_CELL, MIN_STRIP_CELL, STRIP_GAP = 16, 3, 2  # pixels (a cell's largest and least side)
+STRIP_KEPT, STRIP_LOST, STRIP_BLANK = (30, 30, 34), (200, 200, 200), (255, 255, 255)
 
 
 def evaluate_policies(
@@ -137,7 +142,9 @@ def record_episode(
     agent: ActorCritic, env_cfg: DictConfig, path: Path, seed: int, greedy: bool
 ) -> str:
     """Plays one episode in a single environment and writes its frames to `path`: a .gif or
-    .mp4 of rgb frames, or a .txt of ansi frames."""
+    .mp4 of rgb frames, or a .txt of ansi frames. A memory transformer's frames show under the
+    picture which steps' memories each layer still holds for the next query
+    (`memory_strip`, `memory_lines`)."""
     suffix = path.suffix.lower()
     render_mode = "ansi" if suffix == ".txt" else "rgb_array"
     # Reset in the next step, so that the episode's last frame is still there to render.
@@ -148,14 +155,81 @@ def record_episode(
     player = Player(vec_env, agent, EpisodeStats(1, env_cfg.name))
     player.reset(env_seeds(seed, 0, 1, "record"))
     frames, done = [vec_env.render()[0]], False
+    alive = [alive_memories(agent.core, player.state)]
     while not done:
         step = player.step(agent, greedy)
         frames.append(vec_env.render()[0])
+        alive.append(alive_memories(agent.core, step.out.state))
         done = bool(step.terminated[0] or step.truncated[0])
     vec_env.close()
+    if alive[0] is not None:
+        steps = len(frames) - 1
+        frames = [
+            with_memory(frame, kept, steps) for frame, kept in zip(frames, alive, strict=True)
+        ]
     path.parent.mkdir(parents=True, exist_ok=True)
     if suffix == ".txt":
         path.write_text("\n\n".join(frames))
     else:
         imageio.mimsave(path, frames, **({"duration": 0.15} if suffix == ".gif" else {"fps": 8}))
     return str(path)
+
+
+def alive_memories(core: Core, state: State) -> np.ndarray | None:
+    """(layers, steps) bool: whether the memory each step of the current episode wrote (of the
+    first environment) is alive for the next query, as the layer's kind decides which memories
+    a query may still see (`MemoryKind.alive`; a compressive memory's FIFO, its compressed
+    memories left out); None for a recurrent or feed-forward core, which keeps no memories."""
+    if not isinstance(core, MemoryTransformer):
+        return None
+    begin = int(state.episode_begin[0])
+    kept = np.zeros((len(core.layers), int(state.time) - begin), dtype=bool)
+    for row, layer, memory in zip(kept, core.layers, state.layers, strict=True):
+        slots = memory["recent"].view()  # (every kind keeps its recent memories there)
+        alive = layer.kind.alive(slots, state.time, state.episode_begin)[0]
+        row[(slots.position[0][alive] - begin).cpu().numpy()] = True
+    return kept
+
+
+def with_memory(frame: np.ndarray | str, kept: np.ndarray, steps: int) -> np.ndarray | str:
+    """A frame with what the memory keeps under it (``kept``, `alive_memories`'s, of an
+    episode of ``steps`` steps): `memory_strip` under an rgb frame, `memory_lines` under text."""
+    if isinstance(frame, str):
+        return "\n".join([frame.rstrip("\n"), *memory_lines(kept)]) + "\n"
+    return np.concatenate([frame, memory_strip(kept, steps, frame.shape[1])])
+
+
+def memory_lines(kept: np.ndarray) -> list[str]:
+    """One line per layer, a character per step so far: `#` its memory is kept, `.` not."""
+    return [
+        f"layer {index} memory: {''.join('#' if cell else '.' for cell in row)}".rstrip()
+        for index, row in enumerate(kept)
+    ]
+
+
+def strip_cells(steps: int, width: int) -> tuple[int, int]:
+    """The side in pixels of a step's cell in a strip ``width`` pixels wide for an episode of
+    ``steps`` steps, and the cells per line: the whole episode on one line of cells of
+    `STRIP_CELL` pixels at most, wrapped onto more lines once cells would be under
+    `MIN_STRIP_CELL` pixels."""
+    side = max(MIN_STRIP_CELL, min(STRIP_CELL, width // max(steps, 1)))
+    return side, width // side
+
+
+def memory_strip(kept: np.ndarray, steps: int, width: int) -> np.ndarray:
+    """What each layer keeps, ``kept`` (layers, steps so far), as an rgb strip ``width`` pixels
+    wide, laid out for an episode of ``steps`` steps so that every frame's strip has one size:
+    per layer (top: layer 0) a cell per step, dark where its memory is kept for the next
+    query, light where it expired or was never stored; steps still to come are left blank."""
+    side, per_line = strip_cells(steps, width)
+    lines = -(-steps // per_line)  # (ceil)
+    band = lines * side + STRIP_GAP  # a layer's lines of cells and the gap under them
+    height = -(-len(kept) * band // 16) * 16  # (whole macro blocks: an mp4 is not rescaled)
+    strip = np.full((height, width, 3), STRIP_BLANK, dtype=np.uint8)
+    for layer, row in enumerate(kept):
+        for step, cell in enumerate(row):
+            line, column = divmod(step, per_line)
+            top, left = layer * band + line * side, column * side
+            # (a pixel of blank between cells, so that a run of cells can be counted)
+            strip[top : top + side - 1, left : left + side - 1] = STRIP_KEPT if cell else STRIP_LOST
+    return strip

@@ -445,7 +445,28 @@ def test_eval_reports_success_and_records_an_episode(finished_run, tmp_path):
         assert record.stat().st_size > 0
     frames = trace.read_text().split("\n\n")
     assert len(frames) >= 2 and all("@" in frame for frame in frames)
+    assert frames[-1].splitlines()[-1].startswith("layer 1 memory: ")  # what the memory keeps
     assert gif.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
+
+
+@pytest.mark.xdist_group("finished_run")  # (its module-scoped fixture)
+def test_an_exported_agent_evaluates_as_its_run(finished_run, tmp_path):
+    """`python -m training.export RUN_DIR FILE` keeps what mode=eval reads of the run's
+    checkpoint (not the optimizer, the carried memory or the envs): the same JSON, from a
+    smaller file."""
+    run_dir, exported = copy_of(finished_run, tmp_path), tmp_path / "agent.pt"
+    command = [sys.executable, "-m", "training.export", str(run_dir), str(exported)]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    assert result.returncode == 0, result.stderr
+    assert exported.stat().st_size < (run_dir / "checkpoint.pt").stat().st_size / 2
+    outcomes = []
+    for checkpoint in (run_dir, exported):
+        result = run(["mode=eval", f"checkpoint={checkpoint}", "eval.episodes=8"], tmp_path / "e")
+        assert result.returncode == 0, result.stderr
+        outcome = json.loads(result.stdout.strip().splitlines()[-1])
+        assert outcome.pop("checkpoint") == str(checkpoint)
+        outcomes.append(outcome)
+    assert outcomes[0] == outcomes[1]
 
 
 @pytest.mark.xdist_group("finished_run")  # (its module-scoped fixture)
