@@ -124,15 +124,28 @@ def ramp_log_mask(
     ``start``, and m_ti then carries none."""
     if torch.is_grad_enabled() and start.requires_grad:
         return RampLogMask.apply(start, offsets, ramp, visible)
-    return _ramp_log_mask(start, offsets, ramp, visible)[:2]
+    m, _ = _ramp_mask(start, offsets, ramp, visible)
+    return m.log(), m
 
 
-def _ramp_log_mask(
+def _ramp_mask(
     start: Tensor, offsets: Tensor | None, ramp: float, visible: Tensor
-) -> tuple[Tensor, Tensor, Tensor]:
+) -> tuple[Tensor, Tensor]:
+    """m_ti, and the argument it clamps (`ramp_argument`)."""
     argument = ramp_argument(start, offsets, ramp)
     m = argument.clamp(0, 1) * (visible if argument.dim() == 3 else visible[:, None])
-    return m.log(), m, argument
+    return m, argument
+
+
+def log_without_zeros(m: Tensor) -> Tensor:
+    """``m.log()`` (-inf where m = 0) without taking the log of 0 on a CPU, where it took as
+    long as ten logs of other values, and most of a learner's block mask is 0
+    (docs/performance.md); on a GPU the log itself, one operation (a kernel launch) where this
+    is three. (A step's mask, without gradients, is small: there the calls count, not the logs.)"""
+    if m.device.type != "cpu":
+        return m.log()
+    zero = m == 0
+    return torch.where(zero, -math.inf, torch.where(zero, 1.0, m).log_())
 
 
 class RampLogMask(torch.autograd.Function):
@@ -144,7 +157,8 @@ class RampLogMask(torch.autograd.Function):
     def forward(
         ctx, start: Tensor, offsets: Tensor | None, ramp: float, visible: Tensor
     ) -> tuple[Tensor, Tensor]:
-        log_m, m, argument = _ramp_log_mask(start, offsets, ramp, visible)
+        m, argument = _ramp_mask(start, offsets, ramp, visible)
+        log_m = log_without_zeros(m)
         ctx.save_for_backward(argument, m)
         ctx.mark_non_differentiable(m)
         ctx.set_materialize_grads(False)
