@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Corridor headline on held-out seeds (README, "Results"): the default on the full Corridor
+# The Corridor headline on held-out seeds (README, "What it reproduces"): the default on the full Corridor
 # (python train_rl.py: PPO, Expire-Span, 3M steps), seeds 200-204, LANES at a time with one
 # thread each (about 45 minutes a run alone on one core).
 #   bash scripts/corridor_headline.sh [LANES] [RUNS]
