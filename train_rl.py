@@ -65,7 +65,7 @@ from training.metrics import SpanStats, UpdateMeans, check_wandb_config, start_l
 from training.progress import progress_bar, set_metrics
 from training.run import RunProgress, gather_rank_states, start_run
 from training.run_dir import EVAL_FILE, command_line_overrides
-from training.schedule import ANCHOR_SCHEDULES, LR_SCHEDULES
+from training.schedule import COEF_SCHEDULES, LR_SCHEDULES
 from training.schemas import memory_config, register_schemas
 from training.seeding import env_seeds, rank_seed, restore_rng_state, seed_everything
 
@@ -106,7 +106,8 @@ def check_learner(cfg: DictConfig) -> None:
     check_choice("agent", cfg.agent.name, LEARNERS)
     check_choice("agent.optimizer", cfg.agent.optimizer, OPTIMIZERS)
     check_choice("agent.lr_schedule", cfg.agent.lr_schedule, LR_SCHEDULES)
-    check_choice("agent.anchor_schedule", cfg.agent.anchor_schedule, ANCHOR_SCHEDULES)
+    check_choice("agent.anchor_schedule", cfg.agent.anchor_schedule, COEF_SCHEDULES)
+    check_choice("agent.entropy_schedule", cfg.agent.entropy_schedule, COEF_SCHEDULES)
     if cfg.agent.name == "ppo":
         check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)
     check_positive("agent.lr", cfg.agent.lr)

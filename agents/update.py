@@ -166,7 +166,8 @@ class Learner:
         self.optimizer = make_optimizer(agent, cfg.optimizer, cfg.lr)
         self.parameters = list(agent.parameters())
         self.anchor = PolicyAnchor(agent, cfg.anchor_from) if cfg.anchor_coef else None
-        self.anchor_coef = cfg.anchor_coef  # (set by set_rate for each update)
+        self.anchor_coef = cfg.anchor_coef  # (both set by set_rate for each update)
+        self.entropy_coef = cfg.entropy_coef
 
     @property
     def anchored(self) -> bool:
@@ -226,7 +227,8 @@ class Learner:
 
     def set_rate(self, update: int) -> None:
         """The learning rate of the ``update``-th update, as agent.lr_schedule sets it, and the
-        anchor's coefficient, as agent.anchor_schedule sets it."""
+        anchor's and the entropy cost's coefficients, as agent.anchor_schedule and
+        agent.entropy_schedule set them."""
         fraction = lr_fraction(self.cfg.lr_schedule, update, self.num_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.lr * fraction
@@ -234,6 +236,11 @@ class Learner:
         # lets a held policy sharpen once they have annealed
         self.anchor_coef = self.cfg.anchor_coef * (
             fraction if self.cfg.anchor_schedule == "rate" else 1.0
+        )
+        # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
+        # deterministic before it reads the cue, and lets a solved one decide as the rate anneals
+        self.entropy_coef = self.cfg.entropy_coef * (
+            fraction if self.cfg.entropy_schedule == "rate" else 1.0
         )
 
     def whole_unroll(self, unroll: Unroll) -> Minibatch:
@@ -289,7 +296,7 @@ class Learner:
             batch.returns,
             batch.mask,
         )
-        loss = terms.total(cfg.value_coef, cfg.entropy_coef) + out.aux_loss
+        loss = terms.total(cfg.value_coef, self.entropy_coef) + out.aux_loss
         anchor_kl = None
         if batch.anchor is not None:
             anchor_kl = masked_mean(policy_kl(policy, batch.anchor), batch.mask)

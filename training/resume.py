@@ -59,6 +59,7 @@ CHANGEABLE = {
         "agent.lr_schedule",
         "agent.max_grad_norm",
         "agent.entropy_coef",
+        "agent.entropy_schedule",
         "agent.anchor_coef",
         "agent.anchor_follows",
         "agent.anchor_schedule",

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 LR_SCHEDULES = ("constant", "linear")  # the RL learner's choices (agent.lr_schedule)
-ANCHOR_SCHEDULES = ("constant", "rate")  # agent.anchor_schedule: rate scales with lr_fraction
+# agent.anchor_schedule and agent.entropy_schedule: "rate" scales the coefficient with lr_fraction
+COEF_SCHEDULES = ("constant", "rate")
 
 
 def lr_fraction(schedule: str, step: int, total: int, warmup: int = 0, floor: float = 0.0) -> float:
