@@ -101,10 +101,11 @@ class PositionWindow:
 
     def term(self, products: Tensor) -> Tensor:
         """q_t . p_{t-i} (B, H, Q, width), 0 where t - i >= reach or i > t."""
-        if self.index is not None and products.shape[2] == 1:  # a step: one operation
-            return torch.take_along_dim(products, self.index, -1)
-        if self.index is not None:  # (a block: not take_along_dim, which wraps negative indices
-            # by a remainder over the index broadcast to every head, dearer than the lookup)
+        if self.index is not None:
+            if products.shape[2] == 1:  # a step: one operation
+                return torch.take_along_dim(products, self.index, -1)
+            # a block: not take_along_dim, which wraps negative indices by a remainder over the
+            # index broadcast to every head, dearer than the lookup
             return torch.gather(products, -1, self.index.expand(-1, products.shape[1], -1, -1))
         # row q shifted right by q: column c then holds the key at time first - reach + 1 + c
         batch, heads, queries, _ = products.shape
