@@ -25,7 +25,7 @@ from agents.losses import (
 from agents.rollout import Unroll
 from memory import CoreOutput, MemoryState
 from training.distributed import DistInfo, all_reduce_mean
-from training.schedule import lr_fraction
+from training.schedule import coef_fraction, lr_fraction
 
 ALL = slice(None)
 OPTIMIZERS = ("rmsprop", "adam", "amsgrad")
@@ -234,13 +234,11 @@ class Learner:
             group["lr"] = self.cfg.lr * fraction
         # agent.anchor_schedule=rate: the anchor holds hardest while the updates are large and
         # lets a held policy sharpen once they have annealed
-        self.anchor_coef = self.cfg.anchor_coef * (
-            fraction if self.cfg.anchor_schedule == "rate" else 1.0
-        )
+        self.anchor_coef = self.cfg.anchor_coef * coef_fraction(self.cfg.anchor_schedule, fraction)
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
         # deterministic before it reads the cue, and lets a solved one decide as the rate anneals
-        self.entropy_coef = self.cfg.entropy_coef * (
-            fraction if self.cfg.entropy_schedule == "rate" else 1.0
+        self.entropy_coef = self.cfg.entropy_coef * coef_fraction(
+            self.cfg.entropy_schedule, fraction
         )
 
     def whole_unroll(self, unroll: Unroll) -> Minibatch:

@@ -9,6 +9,12 @@ LR_SCHEDULES = ("constant", "linear")  # the RL learner's choices (agent.lr_sche
 COEF_SCHEDULES = ("constant", "rate")
 
 
+def coef_fraction(schedule: str, rate_fraction: float) -> float:
+    """The fraction of its value a loss coefficient takes under ``schedule`` (COEF_SCHEDULES)
+    when the rate is at ``rate_fraction`` of its peak."""
+    return rate_fraction if schedule == "rate" else 1.0
+
+
 def lr_fraction(schedule: str, step: int, total: int, warmup: int = 0, floor: float = 0.0) -> float:
     """The fraction of the peak rate that step ``step`` (0-based, of ``total``) takes: a linear
     warm-up over the first ``warmup`` steps, then
