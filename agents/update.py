@@ -235,6 +235,8 @@ class Learner:
         # agent.anchor_schedule=rate: the anchor holds hardest while the updates are large and
         # lets a held policy sharpen once they have annealed
         self.anchor_coef = self.cfg.anchor_coef * coef_fraction(self.cfg.anchor_schedule, fraction)
+        if self.cfg.anchor_by_level and self.anchored:  # an anchor at a barely solved agent
+            self.anchor_coef *= self.anchor.margin()  # holds it lightly
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
         # deterministic before it reads the cue, and lets a solved one decide as the rate anneals
         self.entropy_coef = self.cfg.entropy_coef * coef_fraction(
@@ -320,10 +322,12 @@ class Learner:
         state = {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.anchored:
             state["anchor"] = self.anchor.state_dict()
+            state["anchor_level"] = self.anchor.level
         return state
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
         self.agent.load_state_dict(checkpoint["agent"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.anchor is not None and "anchor" in checkpoint:
-            self.anchor.load_state_dict(checkpoint["anchor"])
+            # (checkpoints written before anchor_by_level hold no level)
+            self.anchor.load_state_dict(checkpoint["anchor"], checkpoint.get("anchor_level", 1.0))

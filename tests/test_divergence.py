@@ -134,6 +134,9 @@ def judge_on_two_ranks(rank: int, init_file: str, verdicts: str) -> None:
     except DivergenceError as error:
         verdict = str(error).split(";")[0]
     Path(f"{verdicts}.{rank}").write_text(verdict)
+    # The ranks leave together, as a run's do: a group torn down while the other rank's
+    # connection is still open aborted a rank once in about a dozen runs.
+    torch_dist.barrier()
     torch_dist.destroy_process_group()
 
 

@@ -62,6 +62,7 @@ CHANGEABLE = {
         "agent.entropy_schedule",
         "agent.anchor_coef",
         "agent.anchor_follows",
+        "agent.anchor_by_level",
         "agent.anchor_schedule",
     ),
     "lm": ("lr", "grad_clip"),
