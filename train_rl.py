@@ -113,6 +113,7 @@ def check_learner(cfg: DictConfig) -> None:
     check_positive("agent.lr", cfg.agent.lr)
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
+        check_positive("agent.anchor_temperature", cfg.agent.anchor_temperature)
     for key, train_only in (("dropout", "dropout"), ("memory_shortening", "memory shortening")):
         if cfg.memory.get(key):
             raise ConfigError(

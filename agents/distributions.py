@@ -111,3 +111,16 @@ def policy_kl(policy: PolicyParams, reference: PolicyParams) -> torch.Tensor:
         return sum(policy_kl(part, ref) for part, ref in zip(policy, reference, strict=True))
     log_p, log_q = F.log_softmax(policy, dim=-1), F.log_softmax(reference, dim=-1)
     return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def sharpened(policy: PolicyParams, temperature: float) -> PolicyParams:
+    """``policy`` at ``temperature`` (< 1: sharper, 1: itself): a categorical's probabilities
+    raised to 1 / temperature and renormalised (logits / temperature), a Gaussian's variance
+    times temperature."""
+    if temperature == 1:
+        return policy
+    if isinstance(policy, Gaussian):
+        return Gaussian(policy.mean, policy.log_std + 0.5 * math.log(temperature))
+    if isinstance(policy, tuple):
+        return tuple(sharpened(part, temperature) for part in policy)
+    return policy / temperature

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from agents.actor_critic import ActorCritic, Previous
 from agents.anchor import PolicyAnchor
-from agents.distributions import PolicyParams, policy_kl
+from agents.distributions import PolicyParams, policy_kl, sharpened
 from agents.encoders import map_observation, update_statistics
 from agents.losses import (
     LossTerms,
@@ -252,7 +252,12 @@ class Learner:
         previous = unroll.previous()
         anchor = None
         if self.anchored:
-            anchor = self.anchor.policy(unroll.obs, unroll.starts, previous)
+            # agent.anchor_temperature < 1: a target sharper than the anchor, so that a held
+            # policy keeps deciding
+            anchor = sharpened(
+                self.anchor.policy(unroll.obs, unroll.starts, previous),
+                self.cfg.anchor_temperature,
+            )
         return Minibatch(
             obs=unroll.obs,
             starts=unroll.starts,

@@ -27,7 +27,14 @@ from agents.anchor import PolicyAnchor, weights_copy
 from agents.build import build_agent
 from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
 from agents.core import Core
-from agents.distributions import log_prob_and_entropy, policy_kl, sample, sampling_noise
+from agents.distributions import (
+    Gaussian,
+    log_prob_and_entropy,
+    policy_kl,
+    sample,
+    sampling_noise,
+    sharpened,
+)
 from agents.episodes import EpisodeStats
 from agents.evaluation import evaluate_policies
 from agents.losses import actor_critic_loss, generalized_advantages, normalised, ppo_loss
@@ -459,6 +466,47 @@ def test_an_anchor_by_level_holds_at_its_margin_above_anchor_from(by_level):
         coefficients.append(learner.anchor_coef)
     margins = [0.5, 0.25, 0.25, 1.0] if by_level else [1.0] * 4
     assert coefficients == pytest.approx([2 * m for m in margins])
+
+
+def test_a_sharpened_policy_is_the_policy_at_a_lower_temperature():
+    """agent.anchor_temperature T: a categorical's probabilities go as p^(1/T) (each
+    MultiDiscrete component's alike), a Gaussian keeps its mean with its variance times T; at
+    T = 1 the policy is itself, and below 1 the KL to a policy's own sharpened copy is > 0."""
+    logits = torch.randn(5, 4)
+    probs = logits.softmax(-1) ** 2
+    expected = probs / probs.sum(-1, keepdim=True)
+    torch.testing.assert_close(sharpened(logits, 0.5).softmax(-1), expected)
+    parts = sharpened((logits, 3 * logits), 0.5)
+    torch.testing.assert_close(parts[1].softmax(-1), (6 * logits).softmax(-1))
+    gaussian = Gaussian(torch.randn(5, 2), torch.randn(5, 2))
+    sharp = sharpened(gaussian, 0.25)
+    torch.testing.assert_close(sharp.mean, gaussian.mean)
+    torch.testing.assert_close(sharp.log_std.exp() ** 2, 0.25 * gaussian.log_std.exp() ** 2)
+    assert sharpened(logits, 1.0) is logits
+    assert (policy_kl(logits, sharpened(logits, 0.5)) > 0).all()
+
+
+def test_the_learner_pulls_towards_the_anchor_at_its_temperature():
+    """With agent.anchor_temperature=0.5 the target of an update's anchor KL is the anchor's
+    policy over the unroll at half its temperature (its logits doubled)."""
+    overrides = [*TINY_RL, "agent.anchor_coef=1", "agent.anchor_from=0"]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[*overrides, "agent.anchor_temperature=0.5"])
+    torch.manual_seed(0)
+    vec_env = make_vector_env(cfg.env, cfg.num_envs)
+    agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
+    player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
+    player.reset(env_seeds(cfg.seed, 0, cfg.num_envs, "train"))
+    unroll = Unroll(player, cfg.unroll_len)
+    collect_unroll(agent, player, unroll, SpanStats(), False)
+    learner = Learner(agent, cfg.agent, 10, DistInfo(device=torch.device("cpu")))
+    learner.anchor.keep(weights_copy(agent), 1.0, unroll.start_state)
+    start = learner.anchor.state
+    target = learner.whole_unroll(unroll).anchor
+    learner.anchor.state = start  # (the anchor's own pass again, from the same memory)
+    anchor = learner.anchor.policy(unroll.obs, unroll.starts, unroll.previous())
+    torch.testing.assert_close(target, anchor / 0.5)
+    vec_env.close()
 
 
 def test_the_anchor_reads_its_own_memory():

@@ -63,6 +63,7 @@ CHANGEABLE = {
         "agent.anchor_coef",
         "agent.anchor_follows",
         "agent.anchor_by_level",
+        "agent.anchor_temperature",
         "agent.anchor_schedule",
     ),
     "lm": ("lr", "grad_clip"),
