@@ -166,7 +166,8 @@ class Learner:
         self.optimizer = make_optimizer(agent, cfg.optimizer, cfg.lr)
         self.parameters = list(agent.parameters())
         self.anchor = PolicyAnchor(agent, cfg.anchor_from) if cfg.anchor_coef else None
-        self.anchor_coef = cfg.anchor_coef  # (both set by set_rate for each update)
+        self.anchor_coef = cfg.anchor_coef  # (all three set by set_rate for each update)
+        self.anchor_temperature = cfg.anchor_temperature
         self.entropy_coef = cfg.entropy_coef
 
     @property
@@ -226,17 +227,21 @@ class Learner:
         return tally.means()
 
     def set_rate(self, update: int) -> None:
-        """The learning rate of the ``update``-th update, as agent.lr_schedule sets it, and the
-        anchor's and the entropy cost's coefficients, as agent.anchor_schedule and
-        agent.entropy_schedule set them."""
+        """The learning rate of the ``update``-th update, as agent.lr_schedule sets it, the
+        anchor's and the entropy cost's coefficients and the anchor's temperature, as
+        agent.anchor_schedule and agent.entropy_schedule set them."""
         fraction = lr_fraction(self.cfg.lr_schedule, update, self.num_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.lr * fraction
-        # agent.anchor_schedule=rate: the anchor holds hardest while the updates are large and
-        # lets a held policy sharpen once they have annealed
-        self.anchor_coef = self.cfg.anchor_coef * coef_fraction(self.cfg.anchor_schedule, fraction)
+        # agent.anchor_schedule=rate: the anchor holds hardest while the updates are large, and
+        # its target sharpens (agent.anchor_temperature) as they anneal: a policy that is still
+        # learning keeps exploring, a held one decides
+        holding = coef_fraction(self.cfg.anchor_schedule, fraction)
+        self.anchor_coef = self.cfg.anchor_coef * holding
         if self.cfg.anchor_by_level and self.anchored:  # an anchor at a barely solved agent
             self.anchor_coef *= self.anchor.margin()  # holds it lightly
+        sharpening = 1 - holding if self.cfg.anchor_schedule == "rate" else 1.0
+        self.anchor_temperature = 1 - (1 - self.cfg.anchor_temperature) * sharpening
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
         # deterministic before it reads the cue, and lets a solved one decide as the rate anneals
         self.entropy_coef = self.cfg.entropy_coef * coef_fraction(
@@ -255,8 +260,7 @@ class Learner:
             # agent.anchor_temperature < 1: a target sharper than the anchor, so that a held
             # policy keeps deciding
             anchor = sharpened(
-                self.anchor.policy(unroll.obs, unroll.starts, previous),
-                self.cfg.anchor_temperature,
+                self.anchor.policy(unroll.obs, unroll.starts, previous), self.anchor_temperature
             )
         return Minibatch(
             obs=unroll.obs,

@@ -422,29 +422,41 @@ def test_learning_after_an_update_reads_carried_memories_as_acting_does(kind):
 def test_a_coefficient_schedule_scales_the_coefficient_with_the_rate(term, schedule):
     """agent.anchor_schedule / agent.entropy_schedule=rate: update u of N weighs its term at
     C x (1 - u / N) under the linear rate, C x 1 under a constant one; constant: at C
-    throughout; the other coefficient is left at its own value."""
+    throughout; the other coefficient is left at its own value. The anchor's target sharpens
+    as its coefficient fades: temperature 1 - (1 - T) u / N under the linear rate (1 under a
+    constant one), T under a constant anchor schedule."""
     other = {"anchor": "entropy", "entropy": "anchor"}[term]
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose(
             "rl",
-            overrides=[*TINY_RL, "agent.anchor_coef=2", "agent.entropy_coef=3", "agent.lr=1e-3"],
+            overrides=[
+                *TINY_RL,
+                "agent.anchor_coef=2",
+                "agent.entropy_coef=3",
+                "agent.lr=1e-3",
+                "agent.anchor_temperature=0.5",
+            ],
         )
     agent = make_agent("expire_span")
     for lr_schedule in ("constant", "linear"):
         cfg.agent.lr_schedule = lr_schedule
         cfg.agent[f"{term}_schedule"], cfg.agent[f"{other}_schedule"] = schedule, "constant"
         learner = Learner(agent, cfg.agent, 4, DistInfo(device=torch.device("cpu")))
-        coefficients, others, rates = [], [], []
+        coefficients, others, rates, temperatures = [], [], [], []
         for update in range(4):
             learner.set_rate(update)
             coefficients.append(getattr(learner, f"{term}_coef"))
             others.append(getattr(learner, f"{other}_coef"))
             rates.append(learner.optimizer.param_groups[0]["lr"])
+            temperatures.append(learner.anchor_temperature)
         linear = [1 - u / 4 for u in range(4)] if lr_schedule == "linear" else [1.0] * 4
         scaled = linear if schedule == "rate" else [1.0] * 4
         assert coefficients == pytest.approx([cfg.agent[f"{term}_coef"] * f for f in scaled])
         assert others == pytest.approx([cfg.agent[f"{other}_coef"]] * 4)
         assert rates == pytest.approx([1e-3 * f for f in linear])
+        anchor_by_rate = term == "anchor" and schedule == "rate"
+        sharpening = [1 - f for f in linear] if anchor_by_rate else [1.0] * 4
+        assert temperatures == pytest.approx([1 - 0.5 * f for f in sharpening])
 
 
 @pytest.mark.parametrize("by_level", [False, True])
