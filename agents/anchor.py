@@ -40,7 +40,6 @@ class PolicyAnchor:
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
         self.solved = solved
         self.active = False
-        self.level = 1.0  # the task metric of the interval the anchor played
         self.state: State | None = None  # the anchor's memory at the next unroll's start
 
     def keep(self, weights: dict[str, torch.Tensor], level: float, state: State) -> None:
@@ -51,14 +50,6 @@ class PolicyAnchor:
             self.model.load_state_dict(weights)
             self.state = self.model.core.refresh(state)
             self.active = True
-            self.level = level
-
-    def margin(self) -> float:
-        """How far the anchor's interval is above ``solved``, as a fraction of a perfect one's
-        margin (agent.anchor_by_level scales the coefficient by it): an anchor at an agent
-        that barely solved the task holds it lightly, one at an agent that solved every episode
-        at the full coefficient."""
-        return 1.0 if self.solved >= 1 else (self.level - self.solved) / (1 - self.solved)
 
     def start(self, state: State) -> None:
         """Before a run's first unroll: unless a checkpoint gave the anchor its memory (a run
@@ -79,11 +70,10 @@ class PolicyAnchor:
         """The anchor's weights."""
         return self.model.state_dict()
 
-    def load_state_dict(self, weights: dict[str, Any], level: float) -> None:
-        """The weights `state_dict` saved and the ``level`` of their interval: a checkpoint
-        holds them only once there is an anchor."""
+    def load_state_dict(self, weights: dict[str, Any]) -> None:
+        """The weights `state_dict` saved: a checkpoint holds them only once there is an
+        anchor."""
         self.model.load_state_dict(weights)
-        self.level = level
         self.active = True
 
     def memory_state_dict(self) -> dict:

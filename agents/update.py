@@ -238,8 +238,6 @@ class Learner:
         # learning keeps exploring, a held one decides
         holding = coef_fraction(self.cfg.anchor_schedule, fraction)
         self.anchor_coef = self.cfg.anchor_coef * holding
-        if self.cfg.anchor_by_level and self.anchored:  # an anchor at a barely solved agent
-            self.anchor_coef *= self.anchor.margin()  # holds it lightly
         sharpening = 1 - holding if self.cfg.anchor_schedule == "rate" else 1.0
         self.anchor_temperature = 1 - (1 - self.cfg.anchor_temperature) * sharpening
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
@@ -331,12 +329,10 @@ class Learner:
         state = {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.anchored:
             state["anchor"] = self.anchor.state_dict()
-            state["anchor_level"] = self.anchor.level
         return state
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
         self.agent.load_state_dict(checkpoint["agent"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.anchor is not None and "anchor" in checkpoint:
-            # (checkpoints written before anchor_by_level hold no level)
-            self.anchor.load_state_dict(checkpoint["anchor"], checkpoint.get("anchor_level", 1.0))
+            self.anchor.load_state_dict(checkpoint["anchor"])

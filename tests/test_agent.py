@@ -459,27 +459,6 @@ def test_a_coefficient_schedule_scales_the_coefficient_with_the_rate(term, sched
         assert temperatures == pytest.approx([1 - 0.5 * f for f in sharpening])
 
 
-@pytest.mark.parametrize("by_level", [False, True])
-def test_an_anchor_by_level_holds_at_its_margin_above_anchor_from(by_level):
-    """agent.anchor_by_level: the anchor's coefficient is C x (level - anchor_from) /
-    (1 - anchor_from), the level of the interval it was kept at (an interval below anchor_from
-    keeps the anchor where it was); without it, C whatever the level."""
-    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        overrides = [*TINY_RL, "agent.anchor_coef=2", "agent.anchor_from=0.8"]
-        overrides += ["agent.lr_schedule=constant", f"agent.anchor_by_level={by_level}"]
-        cfg = compose("rl", overrides=overrides)
-    agent = make_agent("expire_span")
-    learner = Learner(agent, cfg.agent, 4, DistInfo(device=torch.device("cpu")))
-    state = agent.core.initial_state(2, torch.device("cpu"))
-    coefficients = []
-    for level in (0.9, 0.85, 0.7, 1.0):
-        learner.anchor.keep(weights_copy(agent), level, state)
-        learner.set_rate(0)
-        coefficients.append(learner.anchor_coef)
-    margins = [0.5, 0.25, 0.25, 1.0] if by_level else [1.0] * 4
-    assert coefficients == pytest.approx([2 * m for m in margins])
-
-
 def test_a_sharpened_policy_is_the_policy_at_a_lower_temperature():
     """agent.anchor_temperature T: a categorical's probabilities go as p^(1/T) (each
     MultiDiscrete component's alike), a Gaussian keeps its mean with its variance times T; at

@@ -241,12 +241,7 @@ RESUME_SETTINGS = {
     "corridor_paper": ["env=corridor", "env.max_length=5", "preset=paper"],
     "portal": ["env=portal", "env.num_rooms=3"],
     "minigrid_memory": ["env=minigrid_memory", "env.id=MiniGrid-MemoryS7-v0"],
-    "anchor": [
-        "env.max_length=5",
-        "agent.anchor_from=0",
-        "agent.anchor_by_level=true",
-        "log_interval=1",
-    ],
+    "anchor": ["env.max_length=5", "agent.anchor_from=0", "log_interval=1"],
 }
 
 
