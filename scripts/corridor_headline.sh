@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# The Corridor headline on held-out seeds (README, "What it reproduces"): the default on the full Corridor
-# (python train_rl.py: PPO, Expire-Span, 3M steps), seeds 200-204, LANES at a time with one
-# thread each (about 45 minutes a run alone on one core).
+# The Corridor headline (README, "What it reproduces"): the default on the full Corridor
+# (python train_rl.py: PPO, Expire-Span, 3M steps) on seeds 300-309, which chose nothing, and on
+# 200-204, the seeds of the previous default's runs (docs/results/learner/pinned_default), for a
+# before/after; LANES at a time with one thread each (about 25 minutes a run alone on one core).
 #   bash scripts/corridor_headline.sh [LANES] [RUNS]
-#   python -m analysis.curves docs/results/learner/default/seed20? --markdown
+#   python -m analysis.curves docs/results/learner/default/seed30? --acting --markdown
 # Runs go to RUNS (runs/corridor), each finished one's files to
 # docs/results/learner/default/seedS (scripts/lanes.sh: the same command carries on).
 set -euo pipefail
 source "$(dirname "$0")/lanes.sh"
 
-names=(seed200 seed201 seed202 seed203 seed204)
+names=(seed30{0..9} seed20{0..4})
 run_args() { echo "train_rl.py seed=${1#seed}"; }
 
 run_lanes "${1:-1}" "${2:-runs/corridor}" docs/results/learner/default

@@ -117,15 +117,21 @@ def test_every_value_of_a_composed_file_is_one_that_a_named_method_runs():
     assert composed_from == run_as_is, sorted(composed_from - run_as_is)
 
 
-def test_the_default_corridor_run_names_the_eight_values_its_env_file_replaces():
+def test_the_default_corridor_run_names_the_fourteen_values_its_env_file_replaces():
     _, line = start_up_line("rl")
     replaced = line.split("replacing their values: ")[1]
-    assert replaced.count("(") == 8
+    assert replaced.count("(") == 14
     for setting in (
         "agent.lr_schedule=linear (agent/ppo.yaml: constant)",
         "agent.advantage_scale=returns (agent/ppo.yaml: std)",
         "agent.minibatches=4 (agent/ppo.yaml: 8)",
+        "agent.entropy_coef=0.002 (agent/ppo.yaml: 0.0005)",
+        "agent.entropy_schedule=rate (agent/ppo.yaml: constant)",
         "agent.anchor_coef=1.0 (agent/ppo.yaml: 0.0)",
+        "agent.anchor_from=0.9 (agent/ppo.yaml: 0.95)",
+        "agent.anchor_temperature=0.8 (agent/ppo.yaml: 1.0)",
+        "agent.anchor_follows=True (agent/ppo.yaml: False)",
+        "agent.anchor_schedule=rate (agent/ppo.yaml: constant)",
         "memory.init_span_fraction=0.5 (memory/schema: 0.1)",
         "memory.attended_span_coef=0.01 (memory/schema: 0.0)",
     ):
