@@ -18,7 +18,10 @@ from gymnasium.vector import AutoresetMode
 from omegaconf import OmegaConf
 
 SAME_STEP = {"autoreset_mode": AutoresetMode.SAME_STEP}
-META_KEYS = ("name", "id")  # env config fields that are not the env's keyword arguments
+# env config fields that are not the env's keyword arguments: its name and id, and the agent's
+# inputs set beside them (agents.build)
+AGENT_INPUT_KEYS = ("previous_action", "previous_reward", "normalise_observations")
+META_KEYS = ("name", "id", *AGENT_INPUT_KEYS)
 
 
 @dataclass(frozen=True)
@@ -74,7 +77,7 @@ def task_metric(env_name: str, records: Sequence[Mapping[str, Any]]) -> str:
 
 def env_kwargs(env_cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The env's keyword arguments: for envs that take any Gymnasium id, `env.kwargs` and the
-    step limit; for the project's own envs, the env fields other than name and id."""
+    step limit; for the project's own envs, the env fields other than `META_KEYS`."""
     if OmegaConf.is_config(env_cfg):
         env_cfg = OmegaConf.to_container(env_cfg, resolve=True)
     if not named_env(env_cfg["name"]).any_gym_id:

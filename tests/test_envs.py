@@ -676,6 +676,27 @@ def test_each_named_env_is_made_from_its_config(name):
     vector.close()
 
 
+@pytest.mark.parametrize("name", ["corridor", "portal"])
+def test_the_agents_inputs_set_on_the_projects_envs_reach_the_agent_not_the_env(name):
+    """`env.previous_action` and `env.previous_reward` on the paper's envs widen the agent's
+    input by the action's one-hot and the reward, and the env is made without them."""
+    from hydra import compose, initialize_config_dir
+
+    from agents.build import build_agent
+    from envs.registry import make_env
+
+    configs = Path(__file__).resolve().parents[1] / "configs"
+    with initialize_config_dir(config_dir=str(configs), version_base=None):
+        cfg = compose(
+            "rl",
+            overrides=[f"env={name}", "+env.previous_action=true", "+env.previous_reward=true"],
+        )
+    env = make_env(cfg.env)
+    agent = build_agent(cfg, env.observation_space, env.action_space)
+    assert agent.previous_width == env.action_space.n + 1
+    env.close()
+
+
 @pytest.mark.parametrize("env_id", ["MazeBase/Corridor-v0", "MazeBase/Portal-v0"])
 def test_blocked_moves_are_the_actions_a_step_leaves_in_place(env_id):
     """`blocked_moves` says, before a step, which actions would not move each agent: for
