@@ -42,7 +42,14 @@ from agents.losses import ADVANTAGE_SCALES
 from agents.play import NonFiniteEnvOutput, Player
 from agents.rollout import Unroll, collect_unroll
 from agents.update import BEHAVIOUR_RATIO_ERROR, OPTIMIZERS, Learner
-from envs.registry import NAMED_ENVS, make_env, make_vector_env, named_env, task_metric
+from envs.registry import (
+    AGENT_INPUT_KEYS,
+    NAMED_ENVS,
+    env_spaces,
+    make_vector_env,
+    named_env,
+    task_metric,
+)
 from memory import kind_names
 from training.checkpoint import BEST_CHECKPOINT_FILE, load_trained, save_checkpoint
 from training.config import (
@@ -63,6 +70,7 @@ from training.extras import EXTRAS, require
 from training.host import thread_count, use_host
 from training.metrics import SpanStats, UpdateMeans, check_wandb_config, start_logging
 from training.progress import progress_bar, set_metrics
+from training.resume import given_keys
 from training.run import RunProgress, gather_rank_states, start_run
 from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import COEF_SCHEDULES, LR_SCHEDULES
@@ -429,20 +437,45 @@ def report_trained_agent(agent: ActorCritic, cfg: DictConfig, run_dir: Path) -> 
         )
 
 
+def evaluated_config(trained: DictConfig, cfg: DictConfig) -> DictConfig:
+    """The trained run's config with the env fields this command changes (mode=eval of an
+    agent on, say, longer corridors or another step limit). A change to the agent (`memory.*`,
+    `agent.*`) or to what it sees (the env's name, id, the agent's inputs, its spaces) is
+    refused in one line."""
+    evaluated = trained.copy()
+    for key in given_keys(command_line_overrides(), "rl"):
+        value, trained_value = OmegaConf.select(cfg, key), OmegaConf.select(trained, key)
+        group, _, field = key.partition(".")
+        if value == trained_value or group not in ("env", "memory", "agent"):
+            continue
+        if group != "env" or field.split(".")[0] in ("name", "id", *AGENT_INPUT_KEYS):
+            raise ConfigError(
+                f"mode=eval plays {cfg.checkpoint} as it was trained, but {key}={value} (the "
+                f"agent has {trained_value}): drop it, or train an agent with it"
+            )
+        OmegaConf.update(evaluated, key, value, force_add=True)
+    if evaluated.env != trained.env:
+        played, seen = (env_spaces(env_cfg) for env_cfg in (evaluated.env, trained.env))
+        if played != seen:
+            raise ConfigError(
+                f"mode=eval: the env fields given change what {cfg.checkpoint} sees or does "
+                f"(observation and action spaces {played}; the agent's {seen}): drop them"
+            )
+    return evaluated
+
+
 def evaluate(cfg: DictConfig) -> None:
     """Runs episodes with a trained agent and prints their outcome as one JSON line; with
     `eval.record=FILE` also writes one episode as a GIF/MP4 (rgb frames) or text (ansi)."""
     checkpoint = load_trained(cfg.checkpoint, "agent", other="train_lm.py")
-    trained = OmegaConf.create(checkpoint["config"])
+    trained = evaluated_config(OmegaConf.create(checkpoint["config"]), cfg)
     if cfg.eval.keep_marked and trained.memory.kind != "expire_span":
         raise ConfigError(
             f"eval.keep_marked sets expire-spans, but {cfg.checkpoint} is a "
             f"memory={trained.memory.kind} agent; drop eval.keep_marked"
         )
     use_host(cfg.torch_threads)
-    single = make_env(trained.env)
-    agent = build_agent(trained, single.observation_space, single.action_space)
-    single.close()
+    agent = build_agent(trained, *env_spaces(trained.env))
     agent.load_state_dict(checkpoint["agent"])
     result: dict = evaluate_policies(agent, trained.env, cfg.eval, cfg.seed)
     result["checkpoint"] = str(cfg.checkpoint)

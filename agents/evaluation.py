@@ -26,6 +26,7 @@ from memory import MemoryTransformer
 from training.seeding import env_seeds
 
 # eval.policy: which policies an evaluation acts by (both: each on the same episodes' seeds)
+GIF_FRAME_MS = 150  # how long a recorded GIF shows each step
 POLICIES = {"both": ("greedy", "sampled"), "greedy": ("greedy",), "sampled": ("sampled",)}
 # A recording's memory strip (`memory_strip`): a cell per step, dark while its memory is kept
 STRIP_CELL, MIN_STRIP_CELL, STRIP_GAP = 16, 3, 2  # pixels (a cell's largest and least side)
@@ -171,7 +172,9 @@ def record_episode(
     if suffix == ".txt":
         path.write_text("\n\n".join(frames))
     else:
-        imageio.mimsave(path, frames, **({"duration": 0.15} if suffix == ".gif" else {"fps": 8}))
+        # (imageio's pillow writer takes a GIF's duration in milliseconds; loop 0: forever)
+        options = {"duration": GIF_FRAME_MS, "loop": 0} if suffix == ".gif" else {"fps": 8}
+        imageio.mimsave(path, frames, **options)
     return str(path)
 
 

@@ -30,7 +30,7 @@ from agents.play import Player
 from analysis.runs import RL, require_run_kind
 from envs.corridor import PLACES
 from envs.mazebase import ACTION_NAMES
-from envs.registry import make_env, make_vector_env
+from envs.registry import env_spaces, make_vector_env
 from training.checkpoint import load_trained
 from training.config import exit_on_config_error
 from training.seeding import env_seeds
@@ -121,9 +121,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     cfg = OmegaConf.create(checkpoint["config"])
     if cfg.env.name != "corridor":
         parser.error(f"{args.checkpoint} is an env={cfg.env.name} agent; this reads the Corridor")
-    single = make_env(cfg.env)
-    agent = build_agent(cfg, single.observation_space, single.action_space)
-    single.close()
+    agent = build_agent(cfg, *env_spaces(cfg.env))
     agent.load_state_dict(checkpoint["agent"])
     torch.manual_seed(args.seed)
     rows = hesitation(agent, cfg.env, args.episodes, args.greedy, args.seed)

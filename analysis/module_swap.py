@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 from agents.build import build_agent
 from agents.evaluation import evaluate_agent
-from envs.registry import make_env
+from envs.registry import env_spaces
 from training.checkpoint import load_checkpoint
 from training.config import exit_on_config_error
 
@@ -71,9 +71,7 @@ def main() -> None:
         parser.error(f"{args.before} and {args.after} are not the same agent (parameters differ)")
 
     cfg = OmegaConf.create(checkpoints[0]["config"])
-    env = make_env(cfg.env)
-    agent = build_agent(cfg, env.observation_space, env.action_space)
-    env.close()
+    agent = build_agent(cfg, *env_spaces(cfg.env))
     eval_cfg = OmegaConf.merge(cfg.eval, {"episodes": args.episodes})
 
     def evaluate(name: str, parameters: Parameters) -> None:

@@ -97,6 +97,13 @@ def env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
     return gym.spec(name)
 
 
+def env_spaces(env_cfg: Mapping[str, Any]) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces of the env config ``env_cfg`` (an agent's shape)."""
+    env = make_env(env_cfg)
+    env.close()
+    return env.observation_space, env.action_space
+
+
 def make_env(env_cfg: Mapping[str, Any], render_mode: str | None = None) -> gym.Env:
     """One environment of the env config ``env_cfg``."""
     kwargs = env_kwargs(env_cfg)

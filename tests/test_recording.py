@@ -7,10 +7,11 @@ import imageio.v3 as iio
 import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
+from PIL import Image
 from tiny_rl import TINY_RL
 
 from agents.build import build_agent
-from agents.evaluation import STRIP_GAP, memory_strip, record_episode, strip_cells
+from agents.evaluation import GIF_FRAME_MS, STRIP_GAP, memory_strip, record_episode, strip_cells
 from envs.registry import make_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,6 +100,8 @@ def test_a_recording_shows_each_layer_keeping_what_the_spans_say(monkeypatch, tm
     assert frames[MAX_SPAN].splitlines()[-1].endswith("#" + "." * (MAX_SPAN - 3) + "##")
 
     pictures = iio.imread(gif, index=None)
+    with Image.open(gif) as shown:  # (every frame for GIF_FRAME_MS, looping)
+        assert shown.info["duration"] == GIF_FRAME_MS and shown.info["loop"] == 0
     env = make_env(cfg.env, render_mode="rgb_array")
     env.reset(seed=0)
     height = env.render().shape[0]  # (the strip goes under it)

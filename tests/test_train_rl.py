@@ -431,17 +431,21 @@ def test_resume_auto_continues_a_checkpoint_or_starts_the_run(tmp_path):
 
 @pytest.mark.xdist_group("finished_run")  # (its module-scoped fixture)
 def test_eval_reports_success_and_records_an_episode(finished_run, tmp_path):
+    """mode=eval reports both policies and records; env fields it is given change the env the
+    agent plays (its corridors of 3..5 cells played on 7..9)."""
     run_dir = copy_of(finished_run, tmp_path)
     trace, gif = tmp_path / "episode.txt", tmp_path / "episode.gif"
-    for record in (trace, gif):
+    for record, env in ((trace, []), (gif, ["env.min_length=7", "env.max_length=9"])):
         result = run(
-            ["mode=eval", f"checkpoint={run_dir}", "eval.episodes=8", f"eval.record={record}"],
+            ["mode=eval", f"checkpoint={run_dir}", "eval.episodes=8", f"eval.record={record}"]
+            + env,
             tmp_path / "eval",
         )
         assert result.returncode == 0, result.stderr
         outcome = json.loads(result.stdout.strip().splitlines()[-1])
         for policy in ("greedy", "sampled"):
             assert outcome[policy]["episodes"] == 8 and 0.0 <= outcome[policy]["success"] <= 1.0
+            assert (7 if env else 3) <= outcome[policy]["corridor_length"] <= (9 if env else 5)
         assert record.stat().st_size > 0
     frames = trace.read_text().split("\n\n")
     assert len(frames) >= 2 and all("@" in frame for frame in frames)
@@ -489,13 +493,17 @@ def test_evaluation_and_refused_commands_write_no_directory(finished_run, tmp_pa
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout.strip().splitlines()[-1])["sampled"]["episodes"] == 5
     unwritable = run_dir / "config.yaml" / "episode.gif"  # (under a file)
-    for refused in (
-        ["num_envs=0"],
-        ["mode=eval", f"checkpoint={run_dir}", f"eval.record={unwritable}"],
+    evaluate = ["mode=eval", f"checkpoint={run_dir}"]
+    for refused, message in (
+        (["num_envs=0"], "num_envs=0"),
+        ([*evaluate, f"eval.record={unwritable}"], f"{unwritable} cannot be created or written"),
+        ([*evaluate, "memory.max_span=4"], "memory.max_span=4 (the agent has 16)"),
+        ([*evaluate, "env=portal"], "env.name=portal (the agent has corridor)"),
+        ([*evaluate, "+env.colors=[red,blue,green]"], "change what"),  # (a larger vocabulary)
     ):
         result = from_elsewhere(*refused)
         assert result.returncode == 2 and len(result.stderr.strip().splitlines()) == 1
-    assert f"eval.record={unwritable} cannot be created or written" in result.stderr
+        assert message in result.stderr, (refused, result.stderr)
     assert list(elsewhere.iterdir()) == []
     assert sorted(path.name for path in run_dir.iterdir()) == before
 

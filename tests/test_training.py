@@ -37,6 +37,7 @@ from training.config import (
     check_positive_int,
     check_range,
     check_whole,
+    check_writable,
     exit_on_config_error,
     refuse_added_keys,
 )
@@ -103,6 +104,22 @@ def test_check_range_open_bounds():
         check_range("gamma", 0, 0, 1, low_open=True)
     with pytest.raises(ConfigError, match=r"must be < 1"):
         check_range("dropout", 1, high=1, high_open=True)
+
+
+def test_check_writable_takes_a_new_or_existing_file_and_refuses_what_cannot_hold_one(tmp_path):
+    """A file to write may be new (under a directory that exists or will) or one to replace;
+    a directory, a path under a file, or a run directory that is a file is refused."""
+    existing = tmp_path / "episode.gif"
+    existing.write_bytes(b"GIF89a")
+    for path in (existing, tmp_path / "new.gif", tmp_path / "new" / "deeper" / "episode.gif"):
+        check_writable("eval.record", path)
+    check_writable("hydra.run.dir", tmp_path / "run", directory=True)
+    with pytest.raises(ConfigError, match="is a directory; give a file name"):
+        check_writable("eval.record", tmp_path)
+    with pytest.raises(ConfigError, match=f"{existing} is not a directory"):
+        check_writable("eval.record", existing / "episode.gif")
+    with pytest.raises(ConfigError, match=f"{existing} is not a directory"):
+        check_writable("hydra.run.dir", existing, directory=True)
 
 
 def test_a_key_that_plus_adds_is_refused_unless_its_mapping_is_open(tmp_path):

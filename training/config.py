@@ -101,11 +101,15 @@ def check_whole(name: str, value: Any, low: int = 0) -> None:
 
 def check_writable(name: str, path: str | os.PathLike, *, directory: bool = False) -> None:
     """Fail unless `path`, a file (or with `directory`, a directory), can be created or written
-    there: the nearest part of it that exists is a writable directory. Checked before the work
-    whose result it will hold."""
+    there: a writable file it replaces, or else the nearest part of it that exists is a writable
+    directory. Checked before the work whose result it will hold."""
     path = Path(path).expanduser().absolute()
     if path.is_dir() and not directory:
         raise ConfigError(f"{name}={path} is a directory; give a file name")
+    if path.is_file() and not directory:
+        if not os.access(path, os.W_OK):
+            raise ConfigError(f"{name}={path} is a file that cannot be written; choose another")
+        return
     existing = next(part for part in (path, *path.parents) if part.exists())
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         problem = "not a directory" if not existing.is_dir() else "not writable"
