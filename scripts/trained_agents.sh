@@ -3,7 +3,8 @@
 # "A trained agent to try"), each on SEED (300):
 # - the default Corridor agent (python train_rl.py env=corridor: PPO, Expire-Span, 3M steps,
 #   about 25 minutes on one core), exported to trained/corridor.pt, one greedy episode of it
-#   recorded, with what its memory keeps, to docs/results/corridor_episode.gif;
+#   recorded, with what its memory keeps, to docs/results/corridor_episode.gif (on a corridor
+#   of 3..60 cells, within the 3..200 it was trained on, so that the picture fits a page);
 # - the Portal agent (python train_rl.py env=portal: the paper's settings, 20M steps as
 #   benchmarks/portal.py trains it, 1-2 hours on one core), exported to trained/portal.pt, one
 #   greedy episode recorded to docs/results/portal_episode.gif.
@@ -27,6 +28,7 @@ declare -A settings=(
     [corridor]="env=corridor"
     [portal]="env=portal total_steps=20000000 checkpoint_interval=10"
 )
+declare -A recorded=([corridor]="env.max_length=60" [portal]="")
 for env in "${envs[@]}"; do
     [ -n "${settings[$env]:-}" ] || { echo "no trained agent for env $env (corridor, portal)" >&2; exit 2; }
 done
@@ -39,7 +41,8 @@ for env in "${envs[@]}"; do
             torch_threads=1 wandb.mode=disabled resume=auto
     fi
     step python -m training.export "$run_dir" "trained/$env.pt"
+    # shellcheck disable=SC2086  # (none or one override)
     step python train_rl.py mode=eval checkpoint="trained/$env.pt" eval.policy=greedy \
-        eval.episodes=1 eval.num_envs=1 seed="$record_seed" \
+        eval.episodes=1 eval.num_envs=1 seed="$record_seed" ${recorded[$env]} \
         "eval.record=docs/results/${env}_episode.gif" torch_threads=1
 done

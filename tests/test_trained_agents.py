@@ -1,0 +1,37 @@
+"""The trained agents the repository ships (`trained/`, made by scripts/trained_agents.sh):
+each evaluates from the file as committed, acts as its run's evaluation said, and records."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow  # train_rl.py mode=eval in a subprocess
+ROOT = Path(__file__).resolve().parents[1]
+
+# What each agent's greedy evaluation must reach (its run's own: seed 300 of the default,
+# docs/results.md, "Full Corridor").
+AGENTS = {"corridor": ("success", 0.95)}
+
+
+@pytest.mark.parametrize("env", AGENTS)
+def test_a_committed_agent_evaluates_and_records(env, tmp_path):
+    metric, floor = AGENTS[env]
+    gif = tmp_path / "episode.gif"
+    command = [
+        sys.executable,
+        str(ROOT / "train_rl.py"),
+        "mode=eval",
+        f"checkpoint={ROOT / 'trained' / f'{env}.pt'}",
+        "eval.policy=greedy",
+        "eval.episodes=16",
+        f"eval.record={gif}",
+        "torch_threads=1",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    greedy = json.loads(result.stdout.strip().splitlines()[-1])["greedy"]
+    assert greedy["episodes"] == 16 and greedy[metric] >= floor, greedy
+    assert gif.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
