@@ -83,6 +83,7 @@ from training.entry import checked_command_line, train_or_evaluate
 from training.host import thread_count, use_host
 from training.metrics import SpanStats, check_wandb_config, start_logging
 from training.progress import progress_bar, set_metrics
+from training.resume import given_keys
 from training.run import gather_rank_states, start_run
 from training.run_dir import EVAL_FILE, command_line_overrides
 from training.schedule import lr_fraction
@@ -587,19 +588,32 @@ def evaluate_split(
     return result
 
 
+def refuse_model_changes(trained: DictConfig, cfg: DictConfig, given: list[str]) -> None:
+    """mode=eval scores a checkpoint's model on the task it was trained on: a command that
+    changes either (`memory.*`, `task.*`) is refused in one line instead of ignored."""
+    for key in given:
+        value, trained_value = OmegaConf.select(cfg, key), OmegaConf.select(trained, key)
+        if key.partition(".")[0] in ("memory", "task") and value != trained_value:
+            raise ConfigError(
+                f"mode=eval scores {cfg.checkpoint} as it was trained, but {key}={value} (the "
+                f"model has {trained_value}): drop it, or train a model with it"
+            )
+
+
 def evaluate_checkpoint(cfg: DictConfig) -> None:
     """Evaluates a checkpoint on eval.split (its first eval.tokens tokens, or all) and prints
     the result as one JSON line."""
     checkpoint = load_trained(cfg.checkpoint, "model", other="train_rl.py")
     trained = OmegaConf.create(checkpoint["config"])
+    given = given_keys(command_line_overrides(), "lm")
+    refuse_model_changes(trained, cfg, given)
     use_host(cfg.torch_threads)
     dist = DistInfo()
     base = checkpoint.get("started_in")  # older checkpoints hold absolute paths
     data = load_data(trained.task, dist, None if base is None else Path(base))
     model = trained_model(checkpoint)
-    result = evaluate_split(
-        model, data, cfg.eval.split, cfg.eval.tokens, trained.eval_batch_size, dist
-    )
+    rows = cfg.eval_batch_size if "eval_batch_size" in given else trained.eval_batch_size
+    result = evaluate_split(model, data, cfg.eval.split, cfg.eval.tokens, rows, dist)
     result.update(step=checkpoint["step"], checkpoint=str(cfg.checkpoint))
     print(json.dumps(result))
 

@@ -302,6 +302,10 @@ def test_eval_mode_scores_a_checkpoint_as_training_did(text_run):
     scored = json.loads(result.stdout.strip().splitlines()[-1])
     assert scored["step"] == 300 and scored["tokens"] == 4096
     assert scored["valid_bpb"] == pytest.approx(final(text_run, "valid_bpb"), rel=1e-6)
+    for change in ("memory.max_span=128", "task.name=copy"):  # ignored before: refused now
+        refused = run(["mode=eval", f"checkpoint={text_run}", change], text_run.parent / "eval")
+        assert refused.returncode != 0
+        assert f"{change} (the model has " in refused.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.slow
