@@ -58,6 +58,7 @@ from training.config import (
     check_choice,
     check_positive,
     check_positive_int,
+    check_range,
     check_whole,
     check_writable,
     exit_on_config_error,
@@ -122,6 +123,12 @@ def check_learner(cfg: DictConfig) -> None:
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
         check_positive("agent.anchor_temperature", cfg.agent.anchor_temperature)
+        check_range("agent.anchor_until", cfg.agent.anchor_until, 0, 1, low_open=True)
+        if cfg.agent.anchor_until < 1 and cfg.agent.anchor_schedule != "rate":
+            raise ConfigError(
+                f"agent.anchor_until={cfg.agent.anchor_until} lets the anchor go as the rate "
+                "falls: it needs agent.anchor_schedule=rate"
+            )
     for key, train_only in (("dropout", "dropout"), ("memory_shortening", "memory shortening")):
         if cfg.memory.get(key):
             raise ConfigError(

@@ -237,6 +237,9 @@ class Learner:
         # its target sharpens (agent.anchor_temperature) as they anneal: a policy that is still
         # learning keeps exploring, a held one decides
         holding = coef_fraction(self.cfg.anchor_schedule, fraction)
+        if self.cfg.anchor_schedule == "rate":  # agent.anchor_until: let go once the rate has
+            # fallen by that much of its peak, so that the last updates learn from the return alone
+            holding = max(0.0, 1 - (1 - holding) / self.cfg.anchor_until)
         self.anchor_coef = self.cfg.anchor_coef * holding
         sharpening = 1 - holding if self.cfg.anchor_schedule == "rate" else 1.0
         self.anchor_temperature = 1 - (1 - self.cfg.anchor_temperature) * sharpening

@@ -459,6 +459,28 @@ def test_a_coefficient_schedule_scales_the_coefficient_with_the_rate(term, sched
         assert temperatures == pytest.approx([1 - 0.5 * f for f in sharpening])
 
 
+def test_an_anchor_until_lets_go_once_the_rate_has_fallen_that_far():
+    """agent.anchor_until=u under anchor_schedule=rate and a linear rate: update k of N holds
+    at max(0, 1 - (k / N) / u), its target sharpened as far (T reached at k = u N, the pull 0
+    from there); the rate and the entropy cost are unchanged."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[*TINY_RL, "agent.anchor_coef=2", "agent.lr=1e-3"])
+    cfg.agent.update(
+        lr_schedule="linear", anchor_schedule="rate", anchor_temperature=0.5, anchor_until=0.5
+    )
+    learner = Learner(make_agent("expire_span"), cfg.agent, 8, DistInfo(device=torch.device("cpu")))
+    coefficients, temperatures, rates = [], [], []
+    for update in range(8):
+        learner.set_rate(update)
+        coefficients.append(learner.anchor_coef)
+        temperatures.append(learner.anchor_temperature)
+        rates.append(learner.optimizer.param_groups[0]["lr"])
+    holding = [1, 0.75, 0.5, 0.25, 0, 0, 0, 0]
+    assert coefficients == pytest.approx([2 * h for h in holding])
+    assert temperatures == pytest.approx([1 - 0.5 * (1 - h) for h in holding])
+    assert rates == pytest.approx([1e-3 * (1 - k / 8) for k in range(8)])
+
+
 def test_a_sharpened_policy_is_the_policy_at_a_lower_temperature():
     """agent.anchor_temperature T: a categorical's probabilities go as p^(1/T) (each
     MultiDiscrete component's alike), a Gaussian keeps its mean with its variance times T; at

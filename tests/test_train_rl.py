@@ -70,6 +70,11 @@ def steps_logged(run_dir):
             "agent has no setting lrr, and nothing reads a key that + adds; did you mean agent.lr?",
         ),
         ("+memory.max_spam=9", "did you mean memory.max_span?"),
+        (
+            "agent.anchor_schedule=constant agent.anchor_until=0.5",
+            "needs agent.anchor_schedule=rate",
+        ),
+        ("agent.anchor_until=0", "agent.anchor_until"),
         ("memory.dropout=0.1", "the learner would not see the policy that acted"),
         ("memory.memory_shortening=true", "the learner would not see the policy that acted"),
     ],
