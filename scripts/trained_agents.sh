@@ -6,10 +6,11 @@
 #   recorded, with what its memory keeps, to docs/results/corridor_episode.gif (on a corridor
 #   of 3..60 cells, within the 3..200 it was trained on, so that the picture fits a page);
 # - the Portal agent (python train_rl.py env=portal: the paper's settings, 20M steps as
-#   benchmarks/portal.py trains it, 1-2 hours on one core), exported to trained/portal.pt, one
-#   greedy episode recorded to docs/results/portal_episode.gif.
+#   benchmarks/portal.py trains it, about 2.5 hours on one core), exported to
+#   trained/portal.pt, one greedy episode recorded to docs/results/portal_episode.gif.
 # RECORD_SEED picks the recorded episode (another seed, another corridor or maze).
 #   bash scripts/trained_agents.sh [SEED] [RECORD_SEED] [ENV...]
+# The run's config, metrics and evaluation are kept in docs/results/trained/ENV.
 # A stopped run continues from its checkpoint (resume=auto) and a finished one is not run
 # again (a seed-300 run of the same command elsewhere can be linked to runs/trained/ENV-seed300);
 # each step prints its command before it runs.
@@ -41,6 +42,8 @@ for env in "${envs[@]}"; do
             torch_threads=1 wandb.mode=disabled resume=auto
     fi
     step python -m training.export "$run_dir" "trained/$env.pt"
+    mkdir -p "docs/results/trained/$env"  # (what the agent's figures come from)
+    cp "$run_dir"/{config.yaml,metrics.jsonl,eval.json} "docs/results/trained/$env/"
     # shellcheck disable=SC2086  # (none or one override)
     step python train_rl.py mode=eval checkpoint="trained/$env.pt" eval.policy=greedy \
         eval.episodes=1 eval.num_envs=1 seed="$record_seed" ${recorded[$env]} \
