@@ -30,23 +30,39 @@ class PolicyAnchor:
     unsolved policy would hold back learning (a KL to a near-uniform policy is an entropy
     bonus).
 
+    A following anchor (``agent.anchor_follows``) replaced at every interval that holds lags
+    one interval: interval k + 1 is pulled back to the weights that began interval k, and even
+    and odd intervals drift into two policies of their own. ``agent.anchor_step`` < 1 makes
+    it a moving average of the held intervals' agents instead (the latest weighs ``step``, each
+    one before it 1 - ``step`` times the next), which pulls both towards one.
+
     The anchor reads its own memory (``state``): it starts as the agent's carried memory with
     keys, values and spans recomputed by the anchor's weights, and from then on holds what the
     anchor's own passes over the unrolls write, so within one span every memory it reads is
     the anchor's. Its weights are the learner's checkpoint entry (`state_dict`); its memory,
     like the agent's, is each rank's own (`memory_state_dict`)."""
 
-    def __init__(self, agent: torch.nn.Module, solved: float) -> None:
+    def __init__(self, agent: torch.nn.Module, solved: float, step: float = 1.0) -> None:
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
         self.solved = solved
+        self.step = step
         self.active = False
         self.state: State | None = None  # the anchor's memory at the next unroll's start
 
     def keep(self, weights: dict[str, torch.Tensor], level: float, state: State) -> None:
         """At a new best interval, whose task metric is ``level``, played by the agent of
         ``weights`` (`weights_copy` at the interval's start); ``state``: the agent's memory at
-        the start of the next unroll."""
+        the start of the next unroll. The first solved interval's agent becomes the anchor;
+        each later one moves it ``step`` of the way there (1: replaces it)."""
         if level >= self.solved:
+            if self.active and self.step < 1:
+                held = self.model.state_dict()
+                weights = {
+                    name: torch.lerp(held[name], value, self.step)
+                    if value.is_floating_point()
+                    else value
+                    for name, value in weights.items()
+                }
             self.model.load_state_dict(weights)
             self.state = self.model.core.refresh(state)
             self.active = True
