@@ -385,8 +385,10 @@ def keep_best(
     if math.isnan(value):
         return
     new_best = best is None or value > best["value"]
-    if learner.anchor is not None and (new_best or cfg.agent.anchor_follows):
-        learner.anchor.keep(played, value, player.state)
+    if learner.anchor is not None:
+        learner.anchor.see(value)
+        if new_best or cfg.agent.anchor_follows:
+            learner.anchor.keep(played, value, player.state)
     if not new_best:
         return
     progress.best = {"metric": metric, "value": value, "step": progress.step}

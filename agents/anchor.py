@@ -36,6 +36,12 @@ class PolicyAnchor:
     it a moving average of the held intervals' agents instead (the latest weighs ``step``, each
     one before it 1 - ``step`` times the next), which pulls both towards one.
 
+    Once ``agent.anchor_until`` has let the pull go, the anchor still follows the intervals
+    that hold, and one that falls below ``solved`` brings the pull back (`see`): with its cost
+    gone to 0, a nearly deterministic policy that loses a case explores nothing that would
+    find it again (tuning seed 5: from 0.997 to 0.50 in one interval after the pull had gone,
+    0.69 at the end).
+
     The anchor reads its own memory (``state``): it starts as the agent's carried memory with
     keys, values and spans recomputed by the anchor's weights, and from then on holds what the
     anchor's own passes over the unrolls write, so within one span every memory it reads is
@@ -47,6 +53,7 @@ class PolicyAnchor:
         self.solved = solved
         self.step = step
         self.active = False
+        self.held = True  # whether the latest logged interval reached ``solved`` (`see`)
         self.state: State | None = None  # the anchor's memory at the next unroll's start
 
     def keep(self, weights: dict[str, torch.Tensor], level: float, state: State) -> None:
@@ -66,6 +73,12 @@ class PolicyAnchor:
             self.model.load_state_dict(weights)
             self.state = self.model.core.refresh(state)
             self.active = True
+
+    def see(self, level: float) -> None:
+        """After every logged interval, its task metric ``level``: whether the policy still
+        holds. A pull that agent.anchor_until let go comes back while it does not
+        (`Learner.set_rate`)."""
+        self.held = level >= self.solved
 
     def start(self, state: State) -> None:
         """Before a run's first unroll: unless a checkpoint gave the anchor its memory (a run

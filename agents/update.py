@@ -239,11 +239,16 @@ class Learner:
         # its target sharpens (agent.anchor_temperature) as they anneal: a policy that is still
         # learning keeps exploring, a held one decides
         holding = coef_fraction(self.cfg.anchor_schedule, fraction)
+        sharpening = 1.0
         if self.cfg.anchor_schedule == "rate":  # agent.anchor_until: let go once the rate has
             # fallen by that much of its peak, so that the last updates learn from the return alone
-            holding = max(0.0, 1 - (1 - holding) / self.cfg.anchor_until)
+            letting_go = max(0.0, 1 - (1 - holding) / self.cfg.anchor_until)
+            sharpening = 1 - letting_go
+            # ... unless the policy has since fallen below anchor_from: then the anchor (the last
+            # agent that held) pulls it back, as hard as the rate alone would have it
+            lapsed = letting_go == 0 and self.anchored and not self.anchor.held
+            holding = holding if lapsed else letting_go
         self.anchor_coef = self.cfg.anchor_coef * holding
-        sharpening = 1 - holding if self.cfg.anchor_schedule == "rate" else 1.0
         self.anchor_temperature = 1 - (1 - self.cfg.anchor_temperature) * sharpening
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
         # deterministic before it reads the cue, and lets a solved one decide as the rate anneals
@@ -334,6 +339,7 @@ class Learner:
         state = {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.anchored:
             state["anchor"] = self.anchor.state_dict()
+            state["anchor_held"] = self.anchor.held
         return state
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
@@ -341,3 +347,4 @@ class Learner:
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.anchor is not None and "anchor" in checkpoint:
             self.anchor.load_state_dict(checkpoint["anchor"])
+            self.anchor.held = checkpoint.get("anchor_held", True)

@@ -499,6 +499,27 @@ def test_an_anchor_until_lets_go_once_the_rate_has_fallen_that_far():
     assert rates == pytest.approx([1e-3 * (1 - k / 8) for k in range(8)])
 
 
+def test_a_pull_let_go_comes_back_while_the_policy_falls_below_anchor_from():
+    """Once agent.anchor_until has let the pull go, an interval below anchor_from brings it back
+    at the rate's fraction (not the fade's 0), its target as sharp as before, until an interval
+    holds again; before the pull is gone a fall changes nothing."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[*TINY_RL, "agent.anchor_coef=2"])
+    cfg.agent.update(
+        lr_schedule="linear", anchor_schedule="rate", anchor_temperature=0.5, anchor_until=0.5
+    )
+    agent = make_agent("expire_span")
+    learner = Learner(agent, cfg.agent, 8, DistInfo(device=torch.device("cpu")))
+    learner.anchor.keep(weights_copy(agent), 0.99, agent.initial_state(2))
+    coefficients = []
+    for update, level in enumerate([0.99, 0.5, 0.99, 0.99, 0.99, 0.5, 0.5, 0.99]):
+        learner.anchor.see(level)
+        learner.set_rate(update)
+        coefficients.append(learner.anchor_coef)
+        assert learner.anchor_temperature == pytest.approx(1 - 0.5 * min(1, update / 4))
+    assert coefficients == pytest.approx([2, 1.5, 1, 0.5, 0, 2 * 3 / 8, 2 * 2 / 8, 0])
+
+
 def test_a_sharpened_policy_is_the_policy_at_a_lower_temperature():
     """agent.anchor_temperature T: a categorical's probabilities go as p^(1/T) (each
     MultiDiscrete component's alike), a Gaussian keeps its mean with its variance times T; at
