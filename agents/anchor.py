@@ -30,17 +30,11 @@ class PolicyAnchor:
     unsolved policy would hold back learning (a KL to a near-uniform policy is an entropy
     bonus).
 
-    A following anchor (``agent.anchor_follows``) replaced at every interval that holds lags
-    one interval: interval k + 1 is pulled back to the weights that began interval k, and even
-    and odd intervals drift into two policies of their own. ``agent.anchor_step`` < 1 makes
-    it a moving average of the held intervals' agents instead (the latest weighs ``step``, each
-    one before it 1 - ``step`` times the next), which pulls both towards one.
-
     Once ``agent.anchor_until`` has let the pull go, the anchor still follows the intervals
     that hold, and one that falls below ``solved`` brings the pull back (`see`): with its cost
     gone to 0, a nearly deterministic policy that loses a case explores nothing that would
-    find it again (tuning seed 5: from 0.997 to 0.50 in one interval after the pull had gone,
-    0.69 at the end).
+    find it again (a tuning run of the full Corridor: from 0.997 to 0.50 in one interval after
+    the pull had gone, 0.69 at the end).
 
     The anchor reads its own memory (``state``): it starts as the agent's carried memory with
     keys, values and spans recomputed by the anchor's weights, and from then on holds what the
@@ -48,10 +42,9 @@ class PolicyAnchor:
     the anchor's. Its weights are the learner's checkpoint entry (`state_dict`); its memory,
     like the agent's, is each rank's own (`memory_state_dict`)."""
 
-    def __init__(self, agent: torch.nn.Module, solved: float, step: float = 1.0) -> None:
+    def __init__(self, agent: torch.nn.Module, solved: float) -> None:
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
         self.solved = solved
-        self.step = step
         self.active = False
         self.held = True  # whether the latest logged interval reached ``solved`` (`see`)
         self.state: State | None = None  # the anchor's memory at the next unroll's start
@@ -59,17 +52,8 @@ class PolicyAnchor:
     def keep(self, weights: dict[str, torch.Tensor], level: float, state: State) -> None:
         """At a new best interval, whose task metric is ``level``, played by the agent of
         ``weights`` (`weights_copy` at the interval's start); ``state``: the agent's memory at
-        the start of the next unroll. The first solved interval's agent becomes the anchor;
-        each later one moves it ``step`` of the way there (1: replaces it)."""
+        the start of the next unroll."""
         if level >= self.solved:
-            if self.active and self.step < 1:
-                held = self.model.state_dict()
-                weights = {
-                    name: torch.lerp(held[name], value, self.step)
-                    if value.is_floating_point()
-                    else value
-                    for name, value in weights.items()
-                }
             self.model.load_state_dict(weights)
             self.state = self.model.core.refresh(state)
             self.active = True

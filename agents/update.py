@@ -165,9 +165,7 @@ class Learner:
             self.model = torch.compile(self.model, mode=compile_mode, dynamic=False)
         self.optimizer = make_optimizer(agent, cfg.optimizer, cfg.lr)
         self.parameters = list(agent.parameters())
-        self.anchor = (
-            PolicyAnchor(agent, cfg.anchor_from, cfg.anchor_step) if cfg.anchor_coef else None
-        )
+        self.anchor = PolicyAnchor(agent, cfg.anchor_from) if cfg.anchor_coef else None
         self.anchor_coef = cfg.anchor_coef  # (all three set by set_rate for each update)
         self.anchor_temperature = cfg.anchor_temperature
         self.entropy_coef = cfg.entropy_coef

@@ -331,24 +331,6 @@ def test_policy_anchor_keeps_the_best_agent_once_it_solved_the_task():
     assert not any(p.requires_grad for p in anchor.model.parameters())
 
 
-def test_a_stepped_anchor_is_a_moving_average_of_the_agents_it_kept():
-    """agent.anchor_step=s: the first solved agent becomes the anchor, each later one moves
-    every weight s of the way there (w <- w + s (new - w)); an unsolved interval moves nothing."""
-    agent = make_agent("expire_span")
-    anchor = PolicyAnchor(agent, solved=0.9, step=0.25)
-    state = agent.initial_state(2)
-    first = flat_parameters(agent)
-    anchor.keep(weights_copy(agent), 0.95, state)
-    with torch.no_grad():
-        for p in agent.parameters():
-            p.add_(torch.randn_like(p))
-    second = flat_parameters(agent)
-    anchor.keep(weights_copy(agent), 0.5, state)
-    torch.testing.assert_close(flat_parameters(anchor.model), first, rtol=0, atol=0)
-    anchor.keep(weights_copy(agent), 0.92, state)
-    torch.testing.assert_close(flat_parameters(anchor.model), 0.75 * first + 0.25 * second)
-
-
 def flat_parameters(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in module.parameters()])
 

@@ -62,7 +62,6 @@ CHANGEABLE = {
         "agent.entropy_schedule",
         "agent.anchor_coef",
         "agent.anchor_follows",
-        "agent.anchor_step",
         "agent.anchor_temperature",
         "agent.anchor_schedule",
     ),
