@@ -435,6 +435,7 @@ def test_a_coefficient_schedule_scales_the_coefficient_with_the_rate(term, sched
                 "agent.entropy_coef=3",
                 "agent.lr=1e-3",
                 "agent.anchor_temperature=0.5",
+                "agent.anchor_until=1",  # (the pull to the end: its earlier end is tested below)
             ],
         )
     agent = make_agent("expire_span")
