@@ -377,7 +377,7 @@ def keep_best(
     """At a new best interval (of the task metric), keeps the agent that played it, its weights
     ``played`` at the interval's start, beside the last one (RUN_DIR/best.pt; the same on every
     rank: the metrics are averaged over ranks), and the KL anchor at it; with
-    agent.anchor_follows, the anchor at every interval that holds."""
+    agent.anchor_follows, the anchor at every interval that holds (`PolicyAnchor.see`)."""
     best = progress.best
     metric = best["metric"] if best else task_metric(cfg.env.name, [metrics])
     value = metrics[metric]
@@ -385,9 +385,7 @@ def keep_best(
         return
     new_best = best is None or value > best["value"]
     if learner.anchor is not None:
-        learner.anchor.see(value)
-        if new_best or cfg.agent.anchor_follows:
-            learner.anchor.keep(played, value, player.state)
+        learner.anchor.see(value, played, player.state, new_best, cfg.agent.anchor_follows)
     if not new_best:
         return
     progress.best = {"metric": metric, "value": value, "step": progress.step}

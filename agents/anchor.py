@@ -4,12 +4,15 @@
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any
 
 import torch
 
 from agents.core import State
 from agents.distributions import PolicyParams
+
+log = logging.getLogger(__name__)
 
 
 def weights_copy(agent: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -31,38 +34,64 @@ class PolicyAnchor:
     bonus).
 
     Once ``agent.anchor_until`` has let the pull go, the anchor still follows the intervals
-    that hold, and one that falls below ``solved`` brings the pull back (`see`): with its cost
-    gone to 0, a nearly deterministic policy that loses a case explores nothing that would
-    find it again (a tuning run of the full Corridor: from 0.997 to 0.50 in one interval after
-    the pull had gone, 0.69 at the end).
+    that hold, and one that falls below ``solved`` brings the pull back (`see`), towards the
+    best interval's agent: with its cost gone to 0, a nearly deterministic policy that loses a
+    case explores nothing that would find it again (a tuning run of the full Corridor: from
+    0.997 to 0.50 in one interval after the pull had gone, 0.69 at the end).
 
     The anchor reads its own memory (``state``): it starts as the agent's carried memory with
     keys, values and spans recomputed by the anchor's weights, and from then on holds what the
     anchor's own passes over the unrolls write, so within one span every memory it reads is
-    the anchor's. Its weights are the learner's checkpoint entry (`state_dict`); its memory,
-    like the agent's, is each rank's own (`memory_state_dict`)."""
+    the anchor's. Its weights and the best interval's agent are the learner's checkpoint
+    entries (`state_dict`, ``best``); its memory, like the agent's, is each rank's own
+    (`memory_state_dict`)."""
 
     def __init__(self, agent: torch.nn.Module, solved: float) -> None:
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
         self.solved = solved
         self.active = False
         self.held = True  # whether the latest logged interval reached ``solved`` (`see`)
+        self.best: dict[str, torch.Tensor] | None = None  # the best solved interval's agent
         self.state: State | None = None  # the anchor's memory at the next unroll's start
 
-    def keep(self, weights: dict[str, torch.Tensor], level: float, state: State) -> None:
-        """At a new best interval, whose task metric is ``level``, played by the agent of
-        ``weights`` (`weights_copy` at the interval's start); ``state``: the agent's memory at
-        the start of the next unroll."""
-        if level >= self.solved:
-            self.model.load_state_dict(weights)
-            self.state = self.model.core.refresh(state)
-            self.active = True
-
-    def see(self, level: float) -> None:
-        """After every logged interval, its task metric ``level``: whether the policy still
-        holds. A pull that agent.anchor_until let go comes back while it does not
+    def see(
+        self,
+        level: float,
+        played: dict[str, torch.Tensor],
+        state: State,
+        new_best: bool,
+        follows: bool,
+    ) -> None:
+        """After every logged interval: its task metric ``level``, the weights ``played`` of
+        the agent that played it (`weights_copy` at the interval's start), whether it is the best
+        interval so far, and ``state``, the agent's memory at the next unroll's start. The anchor
+        becomes the agent of a best interval that reached ``solved`` (with ``follows``, of every
+        interval that did); an interval below ``solved`` sends it back to the best interval's
+        agent, since the one it followed may already have lost a case (a reporting run of the
+        full Corridor: an interval at 0.945 whose first agent fails one case of four, held there
+        by the pull for 2M steps while best.pt's agent solves all four). A pull that
+        agent.anchor_until let go comes back while an interval is below ``solved``
         (`Learner.set_rate`)."""
         self.held = level >= self.solved
+        if self.held and new_best:
+            self.best = played
+        if self.held and (new_best or follows):
+            self.hold(played, state)
+        elif not self.held and self.best is not None and not self.holds(self.best):
+            log.info("an interval at %.3f: the anchor is back at the best interval's agent", level)
+            self.hold(self.best, state)
+
+    def hold(self, weights: dict[str, torch.Tensor], state: State) -> None:
+        """The anchor as the agent of ``weights``, reading ``state`` (the agent's memory) with
+        keys, values and spans recomputed by those weights."""
+        self.model.load_state_dict(weights)
+        self.state = self.model.core.refresh(state)
+        self.active = True
+
+    def holds(self, weights: dict[str, torch.Tensor]) -> bool:
+        """Whether the anchor is the agent of ``weights``."""
+        now = self.model.state_dict()
+        return all(torch.equal(now[name], value) for name, value in weights.items())
 
     def start(self, state: State) -> None:
         """Before a run's first unroll: unless a checkpoint gave the anchor its memory (a run

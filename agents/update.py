@@ -333,11 +333,13 @@ class Learner:
         return all_reduce_mean({"kl": float(epoch_kl)}, self.dist)["kl"] > target_kl
 
     def state_dict(self) -> dict[str, Any]:
-        """The checkpoint's entries of the learner: the agent, the optimiser, the anchor."""
+        """The checkpoint's entries of the learner: the agent, the optimiser, the anchor (its
+        weights, whether the latest interval held, the best interval's agent)."""
         state = {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
         if self.anchored:
             state["anchor"] = self.anchor.state_dict()
             state["anchor_held"] = self.anchor.held
+            state["anchor_best"] = self.anchor.best
         return state
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
@@ -346,3 +348,4 @@ class Learner:
         if self.anchor is not None and "anchor" in checkpoint:
             self.anchor.load_state_dict(checkpoint["anchor"])
             self.anchor.held = checkpoint.get("anchor_held", True)
+            self.anchor.best = checkpoint.get("anchor_best")

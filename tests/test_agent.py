@@ -324,11 +324,43 @@ def test_policy_anchor_keeps_the_best_agent_once_it_solved_the_task():
             p.add_(1.0)
     before = flat_parameters(anchor.model)
     state = agent.initial_state(2)
-    anchor.keep(weights_copy(agent), 0.9, state)  # a new best that has not solved the task
+    anchor.see(0.9, weights_copy(agent), state, new_best=True, follows=False)  # not solved yet
     assert not anchor.active and torch.equal(flat_parameters(anchor.model), before)
-    anchor.keep(weights_copy(agent), 0.96, state)
+    anchor.see(0.96, weights_copy(agent), state, new_best=True, follows=False)
     assert anchor.active and torch.equal(flat_parameters(anchor.model), flat_parameters(agent))
     assert not any(p.requires_grad for p in anchor.model.parameters())
+    best = flat_parameters(agent)
+    nudged(agent)
+    anchor.see(0.96, weights_copy(agent), state, new_best=False, follows=False)
+    assert torch.equal(flat_parameters(anchor.model), best)
+
+
+@pytest.mark.parametrize("follows", [False, True])
+def test_an_interval_that_falls_sends_the_anchor_back_to_the_best_agent(follows):
+    """A following anchor is the agent of every interval that reaches ``solved``; one below it
+    sends the anchor back to the best interval's agent (the one it followed may have lost a
+    case), with its memory read by those weights, until an interval holds again. A kept one
+    stays at the best throughout."""
+    agent = make_agent("expire_span")
+    anchor = PolicyAnchor(agent, solved=0.9)
+    state = agent.initial_state(2)
+    agents = []
+    for level, new_best in [(0.95, True), (0.99, True), (0.92, False), (0.5, False), (0.6, False)]:
+        nudged(agent)
+        agents.append(flat_parameters(agent))
+        anchor.see(level, weights_copy(agent), state, new_best, follows)
+        if level == 0.92:
+            assert torch.equal(flat_parameters(anchor.model), agents[2 if follows else 1])
+            following = anchor.state
+        if level == 0.5:
+            fallen = anchor.state
+    assert torch.equal(flat_parameters(anchor.model), agents[1]) and not anchor.held
+    assert (fallen is following) != follows  # the memory read again by the best's weights
+    assert fallen is anchor.state  # (and not again while it stays there)
+    nudged(agent)
+    anchor.see(0.93, weights_copy(agent), state, new_best=False, follows=follows)
+    expected = flat_parameters(agent) if follows else agents[1]
+    assert torch.equal(flat_parameters(anchor.model), expected) and anchor.held
 
 
 def flat_parameters(module: torch.nn.Module) -> torch.Tensor:
@@ -358,7 +390,7 @@ def test_an_anchor_holds_the_policy_while_the_critic_reshapes_the_core():
         torch.manual_seed(1)
         for _ in range(50):
             if renewed or not anchor.active:
-                anchor.keep(weights_copy(agent), 1.0, state)
+                anchor.hold(weights_copy(agent), state)
             logits, values, _ = agent(obs, state, starts)
             loss = 0.5 * (values - torch.randn(B, T)).pow(2).mean()  # the critic's noise
             anchor.state = state  # (the same unroll each time)
@@ -493,14 +525,37 @@ def test_a_pull_let_go_comes_back_while_the_policy_falls_below_anchor_from():
     )
     agent = make_agent("expire_span")
     learner = Learner(agent, cfg.agent, 8, DistInfo(device=torch.device("cpu")))
-    learner.anchor.keep(weights_copy(agent), 0.99, agent.initial_state(2))
+    state, played = agent.initial_state(2), weights_copy(agent)
     coefficients = []
     for update, level in enumerate([0.99, 0.5, 0.99, 0.99, 0.99, 0.5, 0.5, 0.99]):
-        learner.anchor.see(level)
+        learner.anchor.see(level, played, state, new_best=update == 0, follows=True)
         learner.set_rate(update)
         coefficients.append(learner.anchor_coef)
         assert learner.anchor_temperature == pytest.approx(1 - 0.5 * min(1, update / 4))
     assert coefficients == pytest.approx([2, 1.5, 1, 0.5, 0, 2 * 3 / 8, 2 * 2 / 8, 0])
+
+
+def test_a_checkpoint_keeps_the_anchor_and_the_best_agent_it_falls_back_to():
+    """A learner restored from its `state_dict` holds the anchor it followed and the best
+    interval's agent, so an interval that falls after a resume sends the anchor where it would
+    have gone in the unbroken run."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose("rl", overrides=[*TINY_RL, "agent.anchor_coef=1", "agent.anchor_from=0.9"])
+    state = make_agent("expire_span").initial_state(2)
+    learners = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        agent = make_agent("expire_span")
+        learners.append(Learner(agent, cfg.agent, 8, DistInfo(device=torch.device("cpu"))))
+    saved, restored = learners
+    for level, new_best in [(0.99, True), (0.95, False)]:
+        nudged(saved.agent)
+        saved.anchor.see(level, weights_copy(saved.agent), state, new_best, follows=True)
+    restored.load_state_dict(saved.state_dict())
+    for learner in learners:
+        learner.anchor.see(0.5, weights_copy(learner.agent), state, new_best=False, follows=True)
+    assert flat_parameters(restored.anchor.model).equal(flat_parameters(saved.anchor.model))
+    assert restored.anchor.holds(saved.anchor.best) and not restored.anchor.held
 
 
 def test_a_sharpened_policy_is_the_policy_at_a_lower_temperature():
@@ -535,7 +590,7 @@ def test_the_learner_pulls_towards_the_anchor_at_its_temperature():
     unroll = Unroll(player, cfg.unroll_len)
     collect_unroll(agent, player, unroll, SpanStats(), False)
     learner = Learner(agent, cfg.agent, 10, DistInfo(device=torch.device("cpu")))
-    learner.anchor.keep(weights_copy(agent), 1.0, unroll.start_state)
+    learner.anchor.hold(weights_copy(agent), unroll.start_state)
     start = learner.anchor.state
     target = learner.whole_unroll(unroll).anchor
     learner.anchor.state = start  # (the anchor's own pass again, from the same memory)
@@ -555,7 +610,7 @@ def test_the_anchor_reads_its_own_memory():
     _, carried = act_for(agent, obs[:, :T], agent.initial_state(B))
     anchor = PolicyAnchor(agent, solved=0.95)
     nudged(agent)  # the agent the anchor was kept from acted (and wrote memories) before
-    anchor.keep(weights_copy(agent), 1.0, carried)
+    anchor.hold(weights_copy(agent), carried)
     nudged(agent)  # and the agent moves on
     continuing = torch.zeros(B, T, dtype=torch.bool)
     own = anchor.state  # the anchor's memory as its acting would carry it
