@@ -120,6 +120,13 @@ def check_learner(cfg: DictConfig) -> None:
     if cfg.agent.name == "ppo":
         check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)
     check_positive("agent.lr", cfg.agent.lr)
+    if cfg.agent.cut_uniform_coef:
+        check_positive("agent.cut_uniform_coef", cfg.agent.cut_uniform_coef)
+        if not cfg.agent.anchor_coef:
+            raise ConfigError(
+                f"agent.cut_uniform_coef={cfg.agent.cut_uniform_coef} acts once the task is "
+                "solved, which the anchor marks: it needs agent.anchor_coef > 0"
+            )
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
         check_positive("agent.anchor_temperature", cfg.agent.anchor_temperature)
@@ -235,6 +242,11 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
 
         vec_env = make_envs(cfg.env, cfg.num_envs)
         resources.callback(vec_env.close)
+        if cfg.agent.cut_uniform_coef and isinstance(vec_env.single_action_space, gym.spaces.Box):
+            raise ConfigError(
+                f"agent.cut_uniform_coef={cfg.agent.cut_uniform_coef} pulls towards the uniform "
+                f"policy, which the Box actions of env.id={cfg.env.id} do not have: set it to 0"
+            )
         agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
         agent.to(dist.device)
         learner = Learner(agent, cfg.agent, num_updates, dist, cfg.compile_learner or None)
@@ -385,7 +397,7 @@ def keep_best(
         return
     new_best = best is None or value > best["value"]
     if learner.anchor is not None:
-        learner.anchor.see(value, played, player.state, new_best, cfg.agent.anchor_follows)
+        learner.anchor.see(value, played, player.state, new_best)
     if not new_best:
         return
     progress.best = {"metric": metric, "value": value, "step": progress.step}

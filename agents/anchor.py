@@ -46,9 +46,10 @@ class PolicyAnchor:
     entries (`state_dict`, ``best``); its memory, like the agent's, is each rank's own
     (`memory_state_dict`)."""
 
-    def __init__(self, agent: torch.nn.Module, solved: float) -> None:
+    def __init__(self, agent: torch.nn.Module, solved: float, follows: bool = False) -> None:
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
         self.solved = solved
+        self.follows = follows  # agent.anchor_follows: the agent of every interval that holds
         self.active = False
         self.held = True  # whether the latest logged interval reached ``solved`` (`see`)
         self.best: dict[str, torch.Tensor] | None = None  # the best solved interval's agent
@@ -60,7 +61,6 @@ class PolicyAnchor:
         played: dict[str, torch.Tensor],
         state: State,
         new_best: bool,
-        follows: bool,
     ) -> None:
         """After every logged interval: its task metric ``level``, the weights ``played`` of
         the agent that played it (`weights_copy` at the interval's start), whether it is the best
@@ -75,7 +75,7 @@ class PolicyAnchor:
         self.held = level >= self.solved
         if self.held and new_best:
             self.best = played
-        if self.held and (new_best or follows):
+        if self.held and (new_best or self.follows):
             self.hold(played, state)
         elif not self.held and self.best is not None and not self.holds(self.best):
             log.info("an interval at %.3f: the anchor is back at the best interval's agent", level)

@@ -113,6 +113,19 @@ def policy_kl(policy: PolicyParams, reference: PolicyParams) -> torch.Tensor:
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
+def kl_from_uniform(policy: PolicyParams) -> torch.Tensor:
+    """KL(uniform || policy) at each state, summed over the components of MultiDiscrete
+    actions: minus the mean log-probability of the actions, less its value at the uniform
+    policy. Its gradient on a categorical's logits is the probabilities less uniform's, which
+    stays large where the policy is saturated (the entropy's vanishes there)."""
+    if isinstance(policy, Gaussian):
+        raise ValueError("a KL from the uniform policy needs Discrete or MultiDiscrete actions")
+    if isinstance(policy, tuple):
+        return sum(kl_from_uniform(part) for part in policy)
+    log_probs = F.log_softmax(policy, dim=-1)
+    return -log_probs.mean(-1) - math.log(policy.shape[-1])
+
+
 def sharpened(policy: PolicyParams, temperature: float) -> PolicyParams:
     """``policy`` at ``temperature`` (< 1: sharper, 1: itself): a categorical's probabilities
     raised to 1 / temperature and renormalised (logits / temperature), a Gaussian's variance

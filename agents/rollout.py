@@ -34,6 +34,8 @@ class Unroll:
         self.starts = torch.zeros(shape, dtype=torch.bool, device=device)
         # False for the reset steps of a next-step env: their action was not taken
         self.valid = torch.ones(shape, dtype=torch.bool, device=device)
+        # True for the steps of an episode that a step limit cut within the unroll
+        self.cut_episodes = torch.zeros(shape, dtype=torch.bool, device=device)
         self.bootstrap_value = torch.zeros(num_envs, device=device)  # V after the last step
         self.start_state: Any = None
         self.start_previous: Previous | None = None
@@ -64,9 +66,10 @@ class Unroll:
         """Keeps the next step until `stored` writes all the steps' at once (an operation for
         each buffer instead of two for each step; the player's observations are its own)."""
         ended = step.terminated | step.truncated | ~step.counted
+        cut = step.truncated & ~step.terminated
         kept = (step.obs, step.episode_start, step.action, step.log_prob, step.value, step.reward)
         self._kept.append(kept)
-        self._ended.append((step.counted, ended))
+        self._ended.append((step.counted, ended, cut))
         self._memory_sizes.append(step.out.memory_size)
 
     def stored(self) -> None:
@@ -84,13 +87,25 @@ class Unroll:
             (self.rewards, rewards),
         ):
             torch.stack(kept, 1, out=buffer)
-        counted, ended = zip(*self._ended, strict=True)
-        self.valid.copy_(torch.as_tensor(np.stack(counted, 1)))
-        self.dones.copy_(torch.as_tensor(np.stack(ended, 1)))
+        counted, ended, cut = (np.stack(kept, 1) for kept in zip(*self._ended, strict=True))
+        self.valid.copy_(torch.as_tensor(counted))
+        self.dones.copy_(torch.as_tensor(ended))
+        self.cut_episodes.copy_(torch.as_tensor(episodes_ending_in(ended, cut)))
         sizes = self._memory_sizes  # (0-d tensors, or numbers for a core without memory)
         total = torch.stack(sizes).sum() if isinstance(sizes[0], torch.Tensor) else sum(sizes)
         self.memory_size = float(total) / self.length
         self._kept, self._ended, self._memory_sizes = [], [], []
+
+
+def episodes_ending_in(ended: np.ndarray, how: np.ndarray) -> np.ndarray:
+    """Which steps (B, T) belong to an episode whose end within the unroll (``ended``) is
+    marked in ``how`` (e.g. a cut by a step limit): the steps up to and including such an end,
+    back to the end before it."""
+    num_envs, length = ended.shape
+    end_steps = np.where(ended, np.arange(length), length)
+    next_end = np.minimum.accumulate(end_steps[:, ::-1], axis=1)[:, ::-1]
+    how = np.concatenate([how, np.zeros((num_envs, 1), dtype=bool)], axis=1)
+    return np.take_along_axis(how, next_end, axis=1)
 
 
 def collect_unroll(

@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from agents.actor_critic import ActorCritic, Previous
 from agents.anchor import PolicyAnchor
-from agents.distributions import PolicyParams, policy_kl, sharpened
+from agents.distributions import PolicyParams, kl_from_uniform, policy_kl, sharpened
 from agents.encoders import map_observation, update_statistics
 from agents.losses import (
     LossTerms,
@@ -59,7 +59,7 @@ def minibatches(batch_size: int, count: int, device: torch.device | str = "cpu")
     return list(torch.randperm(batch_size).to(device).tensor_split(count))
 
 
-LOSS_KEYS = ("policy_loss", "value_loss", "entropy", "aux_loss", "anchor_kl")
+LOSS_KEYS = ("policy_loss", "value_loss", "entropy", "aux_loss", "anchor_kl", "cut_kl")
 # The largest |pi_learner / pi_acting - 1| of an unroll's first minibatch, before its first
 # update: 0 up to float error when the learner starts from the policy that acted.
 BEHAVIOUR_RATIO_ERROR = "behaviour_ratio_error"
@@ -91,6 +91,7 @@ class Minibatch(NamedTuple):
     returns: torch.Tensor  # the value targets
     mask: torch.Tensor | None  # the samples the losses count (None: all)
     anchor: PolicyParams | None  # the anchor's policy (None: no anchor)
+    cut: torch.Tensor | None  # steps of episodes a step limit cut (None: not used)
     start: Any  # the memory they start from
 
     def select(self, index: Any, start: Any) -> Minibatch:
@@ -106,7 +107,7 @@ class Tally:
 
     def __init__(self, device: torch.device, minibatches: int) -> None:
         self.losses = torch.zeros(len(LOSS_KEYS), device=device)  # LOSS_KEYS' sums
-        self.no_anchor = torch.zeros((), device=device)  # the anchor's KL without an anchor
+        self.zero = torch.zeros((), device=device)  # a term the learner does not have
         self.minibatches = minibatches  # an epoch's
         self.steps, self.epochs = 0, 0
         self.epoch_kl: torch.Tensor | float = 0.0  # the mean over this epoch's minibatches
@@ -116,14 +117,13 @@ class Tally:
         self.epochs += 1
         self.epoch_kl = 0.0
 
-    def add(self, terms: LossTerms, aux_loss: torch.Tensor, anchor_kl: torch.Tensor | None) -> None:
-        """One gradient step's loss terms (`Learner.gradient_step`)."""
+    def add(self, terms: LossTerms, *penalties: torch.Tensor | None) -> None:
+        """One gradient step's loss terms (`Learner.gradient_step`): the learner's, then the
+        auxiliary loss and the KLs (None: not in this learner's loss)."""
         self.steps += 1
-        anchor_kl = self.no_anchor if anchor_kl is None else anchor_kl
+        penalties = tuple(self.zero if term is None else term for term in penalties)
         with torch.no_grad():
-            self.losses += torch.stack(
-                (terms.policy, terms.value, terms.entropy, aux_loss, anchor_kl)
-            )
+            self.losses += torch.stack((terms.policy, terms.value, terms.entropy, *penalties))
         if terms.approx_kl is not None:  # (no gradient)
             self.epoch_kl += terms.approx_kl / self.minibatches  # no sync
 
@@ -141,7 +141,11 @@ class Learner:
     """Updates ``agent`` from unrolls by PPO or A2C (the ``agent.*`` settings, ``cfg``):
     advantages and value targets by GAE, the learning rate's schedule over ``num_updates``,
     epochs over minibatches of whole environment sequences in block mode, and the KL anchor to
-    the best policy (`PolicyAnchor`, ``agent.anchor_coef``). Under torchrun the gradients flow
+    the best policy (`PolicyAnchor`, ``agent.anchor_coef``); once that anchor holds, a pull
+    towards the uniform policy on the steps of episodes a step limit cut
+    (``agent.cut_uniform_coef``): a solved policy saturated on a move that loops gets no
+    gradient from the return, whose gradient on a saturated action's logit is 1 - p, nor from
+    the entropy, whose gradient vanishes there. Under torchrun the gradients flow
     through a DistributedDataParallel wrapper, and the ranks stop their epochs together.
     With ``compile_mode`` (a torch.compile mode) the minibatches' forward and backward run
     compiled, from start memories of few shapes (`memory.MemoryState.select`)."""
@@ -165,7 +169,9 @@ class Learner:
             self.model = torch.compile(self.model, mode=compile_mode, dynamic=False)
         self.optimizer = make_optimizer(agent, cfg.optimizer, cfg.lr)
         self.parameters = list(agent.parameters())
-        self.anchor = PolicyAnchor(agent, cfg.anchor_from) if cfg.anchor_coef else None
+        self.anchor = None
+        if cfg.anchor_coef:
+            self.anchor = PolicyAnchor(agent, cfg.anchor_from, cfg.anchor_follows)
         self.anchor_coef = cfg.anchor_coef  # (all three set by set_rate for each update)
         self.anchor_temperature = cfg.anchor_temperature
         self.entropy_coef = cfg.entropy_coef
@@ -278,6 +284,9 @@ class Learner:
             returns=returns,
             mask=mask,
             anchor=anchor,
+            # agent.cut_uniform_coef: once the task is solved (an anchor holds), a policy that
+            # loops until the step limit is pulled towards uniform on the loop's steps
+            cut=unroll.cut_episodes if self.cfg.cut_uniform_coef and self.anchored else None,
             start=unroll.start_state,
         )
 
@@ -296,10 +305,11 @@ class Learner:
 
     def gradient_step(
         self, batch: Minibatch, policy: PolicyParams, values: torch.Tensor, out: CoreOutput
-    ) -> tuple[LossTerms, torch.Tensor, torch.Tensor | None]:
+    ) -> tuple[LossTerms, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """One optimiser step on the minibatch's loss, from the agent's ``policy``,
         ``values`` and core output ``out`` over it; returns its terms: the learner's loss, the
-        memory kind's auxiliary loss and the KL to the anchor (None without one)."""
+        memory kind's auxiliary loss, the KL to the anchor (None without one) and the KL from
+        uniform on the steps of cut episodes (None when they are not pulled)."""
         cfg = self.cfg
         terms = learner_loss(
             cfg,
@@ -316,12 +326,17 @@ class Learner:
         if batch.anchor is not None:
             anchor_kl = masked_mean(policy_kl(policy, batch.anchor), batch.mask)
             loss = loss + self.anchor_coef * anchor_kl
+        cut_kl = None
+        if batch.cut is not None:  # agent.cut_uniform_coef
+            cut = batch.cut if batch.mask is None else batch.cut & batch.mask
+            cut_kl = masked_mean(kl_from_uniform(policy), cut)
+            loss = loss + cfg.cut_uniform_coef * cut_kl
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         if cfg.max_grad_norm:
             clip_gradients(self.parameters, cfg.max_grad_norm)
         self.optimizer.step()
-        return terms, out.aux_loss, anchor_kl
+        return terms, out.aux_loss, anchor_kl, cut_kl
 
     def kl_stops(self, epoch_kl: torch.Tensor | float) -> bool:
         """PPO: whether the unroll's epochs stop after this one, whose mean KL is

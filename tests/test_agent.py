@@ -29,6 +29,7 @@ from agents.compiled_step import CHECKED_VECTOR_UNITS, add_biases_apart
 from agents.core import Core
 from agents.distributions import (
     Gaussian,
+    kl_from_uniform,
     log_prob_and_entropy,
     policy_kl,
     sample,
@@ -41,7 +42,7 @@ from agents.losses import actor_critic_loss, generalized_advantages, normalised,
 from agents.play import Player
 from agents.probes import keep_new_memories, success_by_case, success_by_length
 from agents.recurrent import GRULayers, RecurrentState
-from agents.rollout import Unroll, collect_unroll
+from agents.rollout import Unroll, collect_unroll, episodes_ending_in
 from agents.update import ALL, Learner, make_optimizer, minibatches
 from analysis.hesitation import hesitation
 from analysis.module_swap import module_group, module_groups, swapped
@@ -324,14 +325,14 @@ def test_policy_anchor_keeps_the_best_agent_once_it_solved_the_task():
             p.add_(1.0)
     before = flat_parameters(anchor.model)
     state = agent.initial_state(2)
-    anchor.see(0.9, weights_copy(agent), state, new_best=True, follows=False)  # not solved yet
+    anchor.see(0.9, weights_copy(agent), state, new_best=True)  # not solved yet
     assert not anchor.active and torch.equal(flat_parameters(anchor.model), before)
-    anchor.see(0.96, weights_copy(agent), state, new_best=True, follows=False)
+    anchor.see(0.96, weights_copy(agent), state, new_best=True)
     assert anchor.active and torch.equal(flat_parameters(anchor.model), flat_parameters(agent))
     assert not any(p.requires_grad for p in anchor.model.parameters())
     best = flat_parameters(agent)
     nudged(agent)
-    anchor.see(0.96, weights_copy(agent), state, new_best=False, follows=False)
+    anchor.see(0.96, weights_copy(agent), state, new_best=False)
     assert torch.equal(flat_parameters(anchor.model), best)
 
 
@@ -342,13 +343,13 @@ def test_an_interval_that_falls_sends_the_anchor_back_to_the_best_agent(follows)
     case), with its memory read by those weights, until an interval holds again. A kept one
     stays at the best throughout."""
     agent = make_agent("expire_span")
-    anchor = PolicyAnchor(agent, solved=0.9)
+    anchor = PolicyAnchor(agent, solved=0.9, follows=follows)
     state = agent.initial_state(2)
     agents = []
     for level, new_best in [(0.95, True), (0.99, True), (0.92, False), (0.5, False), (0.6, False)]:
         nudged(agent)
         agents.append(flat_parameters(agent))
-        anchor.see(level, weights_copy(agent), state, new_best, follows)
+        anchor.see(level, weights_copy(agent), state, new_best)
         if level == 0.92:
             assert torch.equal(flat_parameters(anchor.model), agents[2 if follows else 1])
             following = anchor.state
@@ -358,7 +359,7 @@ def test_an_interval_that_falls_sends_the_anchor_back_to_the_best_agent(follows)
     assert (fallen is following) != follows  # the memory read again by the best's weights
     assert fallen is anchor.state  # (and not again while it stays there)
     nudged(agent)
-    anchor.see(0.93, weights_copy(agent), state, new_best=False, follows=follows)
+    anchor.see(0.93, weights_copy(agent), state, new_best=False)
     expected = flat_parameters(agent) if follows else agents[1]
     assert torch.equal(flat_parameters(anchor.model), expected) and anchor.held
 
@@ -528,7 +529,7 @@ def test_a_pull_let_go_comes_back_while_the_policy_falls_below_anchor_from():
     state, played = agent.initial_state(2), weights_copy(agent)
     coefficients = []
     for update, level in enumerate([0.99, 0.5, 0.99, 0.99, 0.99, 0.5, 0.5, 0.99]):
-        learner.anchor.see(level, played, state, new_best=update == 0, follows=True)
+        learner.anchor.see(level, played, state, new_best=update == 0)
         learner.set_rate(update)
         coefficients.append(learner.anchor_coef)
         assert learner.anchor_temperature == pytest.approx(1 - 0.5 * min(1, update / 4))
@@ -550,10 +551,10 @@ def test_a_checkpoint_keeps_the_anchor_and_the_best_agent_it_falls_back_to():
     saved, restored = learners
     for level, new_best in [(0.99, True), (0.95, False)]:
         nudged(saved.agent)
-        saved.anchor.see(level, weights_copy(saved.agent), state, new_best, follows=True)
+        saved.anchor.see(level, weights_copy(saved.agent), state, new_best)
     restored.load_state_dict(saved.state_dict())
     for learner in learners:
-        learner.anchor.see(0.5, weights_copy(learner.agent), state, new_best=False, follows=True)
+        learner.anchor.see(0.5, weights_copy(learner.agent), state, new_best=False)
     assert flat_parameters(restored.anchor.model).equal(flat_parameters(saved.anchor.model))
     assert restored.anchor.holds(saved.anchor.best) and not restored.anchor.held
 
@@ -574,6 +575,75 @@ def test_a_sharpened_policy_is_the_policy_at_a_lower_temperature():
     torch.testing.assert_close(sharp.log_std.exp() ** 2, 0.25 * gaussian.log_std.exp() ** 2)
     assert sharpened(logits, 1.0) is logits
     assert (policy_kl(logits, sharpened(logits, 0.5)) > 0).all()
+
+
+def test_the_kl_from_uniform_pulls_a_saturated_policy_by_its_probabilities():
+    """kl_from_uniform is KL(uniform || policy), summed over MultiDiscrete components; its
+    gradient on a categorical's logits is p - 1/A, large where the policy is saturated, where
+    the entropy's gradient vanishes."""
+    logits = torch.randn(2, 5, 4)
+    uniform = Categorical(probs=torch.full((2, 5, 4), 0.25))
+    expected = kl_divergence(uniform, Categorical(logits=logits))
+    torch.testing.assert_close(kl_from_uniform(logits), expected)
+    other = torch.randn(2, 5, 3)
+    both = expected + kl_divergence(Categorical(logits=torch.zeros(3)), Categorical(logits=other))
+    torch.testing.assert_close(kl_from_uniform((logits, other)), both)
+    saturated = torch.tensor([20.0, 0.0, 0.0, 0.0], requires_grad=True)
+    (grad,) = torch.autograd.grad(kl_from_uniform(saturated), saturated)
+    torch.testing.assert_close(grad, saturated.softmax(-1).detach() - 0.25)
+    _, entropy = log_prob_and_entropy(saturated, torch.tensor(0))
+    (entropy_grad,) = torch.autograd.grad(entropy, saturated)
+    assert grad.abs().max() > 0.7 and entropy_grad.abs().max() < 1e-6
+    with pytest.raises(ValueError, match="Discrete"):
+        kl_from_uniform(Gaussian(torch.zeros(2), torch.zeros(2)))
+
+
+def test_the_steps_of_an_episode_cut_within_the_unroll_are_marked_back_to_its_start():
+    """episodes_ending_in: the steps from the end before (or the unroll's start) up to an end
+    marked as a cut; an episode still running at the unroll's end is not marked."""
+    ended = np.array([[0, 0, 1, 0, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0, 0, 1]], bool)
+    cut = np.array([[0, 0, 0, 0, 0, 1, 0, 0], [0, 1, 0, 0, 0, 0, 0, 0]], bool)
+    expected = np.array([[0, 0, 0, 1, 1, 1, 0, 0], [1, 1, 0, 0, 0, 0, 0, 0]], bool)
+    np.testing.assert_array_equal(episodes_ending_in(ended, cut), expected)
+
+
+@pytest.mark.parametrize(("coef", "anchored"), [(0.0, True), (10.0, True), (10.0, False)])
+def test_a_solved_policy_is_pulled_towards_uniform_on_the_steps_of_cut_episodes(coef, anchored):
+    """agent.cut_uniform_coef: once an anchor holds (the task is solved), the steps of episodes
+    a step limit cut within the unroll (corridors of 3-5 cells in at most 6 steps, by an agent
+    biased to move north) are pulled towards the uniform policy: an update lowers their KL
+    from uniform, and the learner reports that KL (`cut_kl`), only with the pull and an
+    anchor."""
+    overrides = [*TINY_RL, "env.max_steps=6", "agent.anchor_coef=1", "agent.anchor_from=0"]
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        cfg = compose(
+            "rl", overrides=[*overrides, f"agent.cut_uniform_coef={coef}", "agent.entropy_coef=0"]
+        )
+    torch.manual_seed(0)
+    vec_env = make_vector_env(cfg.env, cfg.num_envs)
+    agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
+    with torch.no_grad():  # a start that mostly moves north, into a wall
+        agent.policy.bias.copy_(torch.tensor([1.5, 0.0, 0.0, 0.0]))
+    player = Player(vec_env, agent, EpisodeStats(cfg.num_envs, cfg.env.name))
+    player.reset(env_seeds(cfg.seed, 0, cfg.num_envs, "train"))
+    unroll = Unroll(player, cfg.unroll_len)
+    collect_unroll(agent, player, unroll, SpanStats(), False)
+    assert unroll.cut_episodes.any() and not unroll.cut_episodes.all()
+
+    def kl_on_cut_steps() -> float:
+        with torch.no_grad():
+            policy, _, _ = agent(unroll.obs, unroll.start_state, unroll.starts, unroll.previous())
+        return float(kl_from_uniform(policy)[unroll.cut_episodes].mean())
+
+    before = kl_on_cut_steps()
+    learner = Learner(agent, cfg.agent, 10, DistInfo(device=torch.device("cpu")))
+    if anchored:
+        learner.anchor.hold(weights_copy(agent), unroll.start_state)
+    losses = learner.update(unroll, 0)
+    pulled = bool(coef) and anchored
+    assert (losses["cut_kl"] > 0) is pulled
+    assert (kl_on_cut_steps() < 0.8 * before) is pulled
+    vec_env.close()
 
 
 def test_the_learner_pulls_towards_the_anchor_at_its_temperature():

@@ -36,3 +36,26 @@ def test_a_committed_agent_evaluates_and_records(env, tmp_path):
     greedy = json.loads(result.stdout.strip().splitlines()[-1])["greedy"]
     assert greedy["episodes"] == 16 and greedy[metric] >= floor, greedy
     assert gif.read_bytes()[:6] in (b"GIF87a", b"GIF89a")
+
+
+def test_the_committed_corridor_agent_takes_the_shortest_corridor(tmp_path):
+    """A corridor of length 3 is 1 episode in 198 (a 100-episode evaluation can miss it), and
+    its middle cell is the only one that sees the cue and the doors at once: an agent can hold
+    success 0.99 while its greedy policy presses a wall there until the step limit (400 steps,
+    as in training)."""
+    command = [
+        sys.executable,
+        str(ROOT / "train_rl.py"),
+        "mode=eval",
+        f"checkpoint={ROOT / 'trained' / 'corridor.pt'}",
+        "eval.policy=greedy",
+        "eval.episodes=16",
+        "env.min_length=3",
+        "env.max_length=3",
+        "env.max_steps=400",
+        "torch_threads=1",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    greedy = json.loads(result.stdout.strip().splitlines()[-1])["greedy"]
+    assert greedy["success"] == 1.0 and greedy["episode_length"] == 3.0, greedy

@@ -64,6 +64,7 @@ CHANGEABLE = {
         "agent.anchor_follows",
         "agent.anchor_temperature",
         "agent.anchor_schedule",
+        "agent.cut_uniform_coef",
     ),
     "lm": ("lr", "grad_clip"),
 }
