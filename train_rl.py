@@ -120,13 +120,8 @@ def check_learner(cfg: DictConfig) -> None:
     if cfg.agent.name == "ppo":
         check_choice("agent.advantage_scale", cfg.agent.advantage_scale, ADVANTAGE_SCALES)
     check_positive("agent.lr", cfg.agent.lr)
-    if cfg.agent.cut_uniform_coef:
+    if cfg.agent.cut_uniform_coef:  # (it acts once an anchor holds: never without one)
         check_positive("agent.cut_uniform_coef", cfg.agent.cut_uniform_coef)
-        if not cfg.agent.anchor_coef:
-            raise ConfigError(
-                f"agent.cut_uniform_coef={cfg.agent.cut_uniform_coef} acts once the task is "
-                "solved, which the anchor marks: it needs agent.anchor_coef > 0"
-            )
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
         check_positive("agent.anchor_temperature", cfg.agent.anchor_temperature)

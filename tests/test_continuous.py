@@ -176,7 +176,7 @@ def test_an_action_of_several_parts_is_a_one_line_config_error():
 
 def test_a_pull_towards_the_uniform_policy_with_box_actions_is_a_one_line_config_error(tmp_path):
     """agent.cut_uniform_coef needs a uniform policy over the actions, which a Box has not."""
-    args = [*TARGET, *TINY_RUN, "agent.cut_uniform_coef=0.1", "agent.anchor_coef=1"]
+    args = [*TARGET, *TINY_RUN, "agent.cut_uniform_coef=0.1"]
     result = run(args, tmp_path / "run")
     assert result.returncode == 2, result.stderr
     assert "agent.cut_uniform_coef=0.1 pulls towards the uniform policy" in result.stderr

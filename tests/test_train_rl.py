@@ -76,7 +76,6 @@ def steps_logged(run_dir):
         ),
         ("agent.anchor_until=0", "agent.anchor_until"),
         ("agent.cut_uniform_coef=-1", "agent.cut_uniform_coef"),
-        ("agent.cut_uniform_coef=0.1 agent.anchor_coef=0", "it needs agent.anchor_coef > 0"),
         ("memory.dropout=0.1", "the learner would not see the policy that acted"),
         ("memory.memory_shortening=true", "the learner would not see the policy that acted"),
     ],
