@@ -112,6 +112,11 @@ class Step:
     truncated: np.ndarray
     info: dict
 
+    @property
+    def cut(self) -> np.ndarray:
+        """(B,) which episodes a step limit ended (truncated and not terminated)."""
+        return self.truncated & ~self.terminated
+
 
 class Player:
     """Plays an agent in the vector env ``vec_env`` and carries what one step hands the next:

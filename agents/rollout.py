@@ -66,10 +66,9 @@ class Unroll:
         """Keeps the next step until `stored` writes all the steps' at once (an operation for
         each buffer instead of two for each step; the player's observations are its own)."""
         ended = step.terminated | step.truncated | ~step.counted
-        cut = step.truncated & ~step.terminated
         kept = (step.obs, step.episode_start, step.action, step.log_prob, step.value, step.reward)
         self._kept.append(kept)
-        self._ended.append((step.counted, ended, cut))
+        self._ended.append((step.counted, ended, step.cut))
         self._memory_sizes.append(step.out.memory_size)
 
     def stored(self) -> None:
@@ -127,7 +126,7 @@ def collect_unroll(
         step = player.step(agent)
         unroll.store(step)
         span_stats.add(step.out.spans)
-        cut = step.truncated & ~step.terminated & bootstrap_truncated
+        cut = step.cut & bootstrap_truncated
         if player.next_step:  # bootstrapped from the reset step's value, after the unroll
             unroll.truncation_values[:, t] = torch.as_tensor(cut, device=player.device)
         elif cut.any():
