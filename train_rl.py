@@ -50,7 +50,7 @@ from envs.registry import (
     named_env,
     task_metric,
 )
-from memory import kind_names
+from memory import kind_classes, kind_names
 from training.checkpoint import BEST_CHECKPOINT_FILE, load_trained, save_checkpoint
 from training.config import (
     COMPILE_MODES,
@@ -122,6 +122,15 @@ def check_learner(cfg: DictConfig) -> None:
     check_positive("agent.lr", cfg.agent.lr)
     if cfg.agent.cut_uniform_coef:  # (it acts once an anchor holds: never without one)
         check_positive("agent.cut_uniform_coef", cfg.agent.cut_uniform_coef)
+    held_alpha = cfg.agent.held_aux_loss_coef
+    if held_alpha is not None:  # (it acts once an anchor holds: never without one)
+        check_range("agent.held_aux_loss_coef", held_alpha, 0)
+        kind = kind_classes().get(cfg.memory.kind)  # (None: a recurrent baseline)
+        if kind is None or not kind.penalises_span:
+            raise ConfigError(
+                f"agent.held_aux_loss_coef={held_alpha} weighs a span penalty that "
+                f"memory={cfg.memory.kind} has not: use expire_span or adaptive_span, or null"
+            )
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
         check_positive("agent.anchor_temperature", cfg.agent.anchor_temperature)

@@ -145,7 +145,8 @@ class Learner:
     towards the uniform policy on the steps of episodes a step limit cut
     (``agent.cut_uniform_coef``): a solved policy saturated on a move that loops gets no
     gradient from the return, whose gradient on a saturated action's logit is 1 - p, nor from
-    the entropy, whose gradient vanishes there. Under torchrun the gradients flow
+    the entropy, whose gradient vanishes there; and once it holds, the memory's span penalty
+    at ``agent.held_aux_loss_coef``. Under torchrun the gradients flow
     through a DistributedDataParallel wrapper, and the ranks stop their epochs together.
     With ``compile_mode`` (a torch.compile mode) the minibatches' forward and backward run
     compiled, from start memories of few shapes (`memory.MemoryState.select`)."""
@@ -253,6 +254,11 @@ class Learner:
             lapsed = letting_go == 0 and self.anchored and not self.anchor.held
             holding = holding if lapsed else letting_go
         self.anchor_coef = self.cfg.anchor_coef * holding
+        # agent.held_aux_loss_coef: once the task is solved (an anchor holds), the span penalty
+        # takes this alpha, so that the attended pull on the cue's span, which the predictor
+        # carries to every memory, no longer grows the memory of a solved policy
+        if self.cfg.held_aux_loss_coef is not None and self.anchored:
+            self.agent.core.set_aux_loss_coef(self.cfg.held_aux_loss_coef)
         self.anchor_temperature = 1 - (1 - self.cfg.anchor_temperature) * sharpening
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
         # deterministic before it reads the cue, and lets a solved one decide as the rate anneals

@@ -24,6 +24,7 @@ class AdaptiveSpan(MemoryKind):
     name = "adaptive_span"
     consecutive = True  # deleted by age (the longest head span) and episode only
     steps_in_buffer = True  # ``read`` only projects the spans; ``spans()`` clamps them anyway
+    penalises_span = True
 
     def __init__(self, cfg: MemoryConfig) -> None:
         super().__init__(cfg)

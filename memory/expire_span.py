@@ -106,6 +106,7 @@ class ExpireSpan(MemoryKind):
 
     name = "expire_span"
     stores_span = True
+    penalises_span = True
 
     def __init__(self, cfg: MemoryConfig) -> None:
         super().__init__(cfg)

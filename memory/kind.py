@@ -185,6 +185,7 @@ class MemoryKind(nn.Module):
     # the memories of ``recent`` are always consecutive time steps (or invisible ones): deleted
     # by age and episode only, never one from between two kept ones (``window_of``)
     consecutive = False
+    penalises_span = False  # ``loss`` is a span penalty weighed by ``coef`` (memory.aux_loss_coef)
 
     def __init_subclass__(cls, **kwargs) -> None:
         super().__init_subclass__(**kwargs)

@@ -140,6 +140,14 @@ class MemoryTransformer(nn.Module):
             ),
         )
 
+    def set_aux_loss_coef(self, coef: float) -> None:
+        """The span penalty's alpha from now on (memory.aux_loss_coef at the start): a learner
+        may spend less memory once its task is solved (``agent.held_aux_loss_coef``)."""
+        for layer in self.layers:
+            if not layer.kind.penalises_span:
+                raise ValueError(f"memory.kind={self.cfg.kind} has no span penalty to weigh")
+            layer.kind.coef = coef
+
     @torch.no_grad()
     def refresh(self, state: MemoryState) -> MemoryState:
         """``state`` with the keys, values and spans of its memories recomputed with the

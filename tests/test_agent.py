@@ -646,12 +646,12 @@ def test_a_solved_policy_is_pulled_towards_uniform_on_the_steps_of_cut_episodes(
     vec_env.close()
 
 
-def test_the_learner_pulls_towards_the_anchor_at_its_temperature():
-    """With agent.anchor_temperature=0.5 the target of an update's anchor KL is the anchor's
-    policy over the unroll at half its temperature (its logits doubled)."""
-    overrides = [*TINY_RL, "agent.anchor_coef=1", "agent.anchor_from=0"]
+def anchored_learner(*overrides: str) -> tuple:
+    """A tiny Corridor run's environments, agent (seed 0), one unroll the agent collected and
+    its learner, with an anchor that no interval has set yet, under ``overrides``."""
+    overrides = (*TINY_RL, "agent.anchor_coef=1", "agent.anchor_from=0", *overrides)
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        cfg = compose("rl", overrides=[*overrides, "agent.anchor_temperature=0.5"])
+        cfg = compose("rl", overrides=list(overrides))
     torch.manual_seed(0)
     vec_env = make_vector_env(cfg.env, cfg.num_envs)
     agent = build_agent(cfg, vec_env.single_observation_space, vec_env.single_action_space)
@@ -659,7 +659,39 @@ def test_the_learner_pulls_towards_the_anchor_at_its_temperature():
     player.reset(env_seeds(cfg.seed, 0, cfg.num_envs, "train"))
     unroll = Unroll(player, cfg.unroll_len)
     collect_unroll(agent, player, unroll, SpanStats(), False)
-    learner = Learner(agent, cfg.agent, 10, DistInfo(device=torch.device("cpu")))
+    return (
+        vec_env,
+        agent,
+        unroll,
+        Learner(agent, cfg.agent, 10, DistInfo(device=torch.device("cpu"))),
+    )
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+def test_once_an_anchor_holds_the_span_penalty_takes_the_held_alpha(anchored):
+    """agent.held_aux_loss_coef: a minibatch's auxiliary loss is eq. 7 at memory.aux_loss_coef
+    until an anchor holds, and at agent.held_aux_loss_coef from the next update on (the same
+    spans: the loss in the ratio of the two alphas)."""
+    alphas = ["memory.aux_loss_coef=1e-3", "agent.held_aux_loss_coef=0.02"]
+    vec_env, agent, unroll, learner = anchored_learner(*alphas, "memory.attended_span_coef=0")
+
+    def aux_loss() -> float:
+        learner.set_rate(0)
+        agent.train()
+        return float(learner.forward(learner.whole_unroll(unroll))[2].aux_loss.detach())
+
+    before = aux_loss()
+    assert before > 0
+    if anchored:
+        learner.anchor.hold(weights_copy(agent), unroll.start_state)
+    assert aux_loss() == pytest.approx(before * (20 if anchored else 1), rel=1e-5)
+    vec_env.close()
+
+
+def test_the_learner_pulls_towards_the_anchor_at_its_temperature():
+    """With agent.anchor_temperature=0.5 the target of an update's anchor KL is the anchor's
+    policy over the unroll at half its temperature (its logits doubled)."""
+    vec_env, agent, unroll, learner = anchored_learner("agent.anchor_temperature=0.5")
     learner.anchor.hold(weights_copy(agent), unroll.start_state)
     start = learner.anchor.state
     target = learner.whole_unroll(unroll).anchor

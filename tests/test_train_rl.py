@@ -76,6 +76,8 @@ def steps_logged(run_dir):
         ),
         ("agent.anchor_until=0", "agent.anchor_until"),
         ("agent.cut_uniform_coef=-1", "agent.cut_uniform_coef"),
+        ("agent.held_aux_loss_coef=-1", "agent.held_aux_loss_coef"),
+        ("memory=gru agent.held_aux_loss_coef=1e-4", "memory=gru has not"),
         ("memory.dropout=0.1", "the learner would not see the policy that acted"),
         ("memory.memory_shortening=true", "the learner would not see the policy that acted"),
     ],
