@@ -122,6 +122,15 @@ def check_learner(cfg: DictConfig) -> None:
     check_positive("agent.lr", cfg.agent.lr)
     if cfg.agent.cut_uniform_coef:  # (it acts once an anchor holds: never without one)
         check_positive("agent.cut_uniform_coef", cfg.agent.cut_uniform_coef)
+    greedy_envs = cfg.agent.greedy_envs
+    check_whole("agent.greedy_envs", greedy_envs)
+    if greedy_envs:
+        check_range("agent.greedy_envs", greedy_envs, 0, cfg.num_envs - 1)
+        if not cfg.agent.cut_uniform_coef:
+            raise ConfigError(
+                f"agent.greedy_envs={greedy_envs} acts greedily for the pull out of loops "
+                "alone, which is off: set agent.cut_uniform_coef > 0, or agent.greedy_envs=0"
+            )
     held_alpha = cfg.agent.held_aux_loss_coef
     if held_alpha is not None:  # (it acts once an anchor holds: never without one)
         check_range("agent.held_aux_loss_coef", held_alpha, 0)
@@ -283,7 +292,8 @@ def train(cfg: DictConfig, checkpoint: dict | None) -> None:
 
         for update in range(progress.update, num_updates):
             try:
-                collect_unroll(agent, player, unroll, span_stats, bootstrap_truncated)
+                greedy = learner.greedy_envs(cfg.num_envs)
+                collect_unroll(agent, player, unroll, span_stats, bootstrap_truncated, greedy)
             except NonFiniteEnvOutput as error:
                 step = error.played * cfg.num_envs * dist.world_size
                 raise error.at_step(cfg.env.id, step) from None

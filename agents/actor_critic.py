@@ -11,7 +11,13 @@ from torch import nn
 
 from agents.compiled_step import CompiledStep
 from agents.core import Core
-from agents.distributions import Gaussian, PolicyParams, sample, sampling_noise
+from agents.distributions import (
+    Gaussian,
+    PolicyParams,
+    most_likely_where,
+    sample,
+    sampling_noise,
+)
 from agents.encoders import check_observation_space, make_encoder
 from memory import CoreOutput
 from memory.linear import Linear
@@ -204,17 +210,23 @@ class ActorCritic(nn.Module):
         state,
         episode_start: torch.Tensor,
         previous: Previous | None = None,
-        greedy: bool = False,
+        greedy: bool | torch.Tensor = False,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, CoreOutput]:
         """Step mode: obs (B, *obs_shape), episode_start (B,) -> action, its log-probability,
-        the value estimate and the core's output (whose `state` is the next state). Runs on
-        as many CPU threads as its few-row operations keep busy (`acting_threads`)."""
+        the value estimate and the core's output (whose `state` is the next state); ``greedy``:
+        the most likely actions (True), or those of some environments ((B,) bool), the others
+        sampled. Runs on as many CPU threads as its few-row operations keep busy
+        (`acting_threads`)."""
         batch, width = episode_start.shape[0], self.value.in_features
         dtype, device = self.value.weight.dtype, episode_start.device
-        noise = None if greedy else sampling_noise(self.action_space, batch, dtype, device)
+        noise = None
+        if greedy is not True:
+            noise = sampling_noise(self.action_space, batch, dtype, device)
+            if isinstance(greedy, torch.Tensor):
+                noise = most_likely_where(self.action_space, noise, greedy)
         with acting_threads(batch * width):
             compiled = self.compiled_step
-            if compiled is not None and compiled.handles(batch, previous, greedy):
+            if compiled is not None and compiled.handles(batch, previous, noise is None):
                 return compiled(self, obs, state, episode_start, previous, noise)
             x = self.encode(obs, episode_start, previous)
             out = self.core.step(x, state, episode_start)

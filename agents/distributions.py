@@ -52,6 +52,17 @@ def sampling_noise(
     return torch.rand(batch, int(space.n), dtype=dtype, device=device)
 
 
+def most_likely_where(space: spaces.Space, noise: Noise, rows: torch.Tensor) -> Noise:
+    """The noise `sampling_noise` drew for ``space``, with its rows ``rows`` ((B,) bool) set
+    to the numbers from which `sample` draws the most likely action: a Gaussian's 0 (its
+    mean), a categorical's u = 1/e, whose Gumbel noise -log(-log u) is 0. The other rows keep
+    their numbers, so the random streams are those of a batch that samples every action."""
+    if isinstance(noise, tuple):
+        return tuple(torch.where(rows[:, None], math.exp(-1), part) for part in noise)
+    most_likely = 0.0 if isinstance(space, spaces.Box) else math.exp(-1)
+    return torch.where(rows[:, None], most_likely, noise)
+
+
 def sample(policy: PolicyParams, noise: Noise) -> tuple[torch.Tensor, torch.Tensor]:
     """An action of each batch element, drawn from ``noise`` (`sampling_noise`; None: the most
     likely action, a Gaussian's mean), and its log-probability (density, for Box); for

@@ -150,9 +150,13 @@ class Player:
         self.obs = to_device(obs, self.device, copy=True)  # (`step`'s, kept by an unroll)
 
     def step(
-        self, agent: ActorCritic, greedy: bool = False, kept: np.ndarray | None = None
+        self,
+        agent: ActorCritic,
+        greedy: bool | torch.Tensor = False,
+        kept: np.ndarray | None = None,
     ) -> Step:
-        """The agent acts on the current observations, the envs step; ``kept``: which envs'
+        """The agent acts on the current observations (``greedy``: by its most likely actions,
+        in every env or in those of a (B,) bool tensor), the envs step; ``kept``: which envs'
         finished episodes ``stats`` still counts (None: all)."""
         action, log_prob, value, out = agent.act(
             self.obs, self.state, self.episode_start, self.previous, greedy

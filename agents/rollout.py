@@ -34,7 +34,10 @@ class Unroll:
         self.starts = torch.zeros(shape, dtype=torch.bool, device=device)
         # False for the reset steps of a next-step env: their action was not taken
         self.valid = torch.ones(shape, dtype=torch.bool, device=device)
-        # True for the steps of an episode that a step limit cut within the unroll
+        # (B,) the envs that acted by their most likely action: the losses leave them out
+        self.greedy = torch.zeros(num_envs, dtype=torch.bool, device=device)
+        # True for the steps of an episode that a step limit cut within the unroll (never a
+        # reset step: that belongs to the next episode)
         self.cut_episodes = torch.zeros(shape, dtype=torch.bool, device=device)
         self.bootstrap_value = torch.zeros(num_envs, device=device)  # V after the last step
         self.start_state: Any = None
@@ -50,8 +53,10 @@ class Unroll:
 
     @property
     def mask(self) -> torch.Tensor | None:
-        """Which samples the losses count: None when all do."""
-        return None if bool(self.valid.all()) else self.valid
+        """Which samples the losses count: the valid steps of the envs that sampled their
+        actions; None when all do."""
+        mask = self.valid & ~self.greedy[:, None]
+        return None if bool(mask.all()) else mask
 
     def previous(self) -> Previous:
         """What the agent saw before each step besides the observation: the unroll's actions
@@ -113,17 +118,25 @@ def collect_unroll(
     unroll: Unroll,
     span_stats: SpanStats,
     bootstrap_truncated: bool,
+    greedy: torch.Tensor | None = None,
 ) -> None:
     """Acts for T steps in step mode and fills ``unroll``. The carried memory is first read
     with the current weights, as the learner will read it (`refresh`), and kept as the memory
     the unroll starts from. With ``bootstrap_truncated`` the last step of an episode that a
-    step limit cut bootstraps from the value of its final observation."""
+    step limit cut bootstraps from the value of its final observation. The envs ``greedy``
+    ((B,) bool; None: none) act by their most likely action, and the player's episode
+    statistics leave their episodes out."""
     agent.eval()
     player.state = agent.core.refresh(player.state)
     unroll.start_state, unroll.start_previous = player.state, player.previous
     unroll.truncation_values.zero_()
+    acting, kept = False, None
+    unroll.greedy.zero_()
+    if greedy is not None:
+        unroll.greedy.copy_(greedy)
+        acting, kept = greedy, ~greedy.cpu().numpy()
     for t in range(unroll.length):
-        step = player.step(agent)
+        step = player.step(agent, acting, kept)
         unroll.store(step)
         span_stats.add(step.out.spans)
         cut = step.cut & bootstrap_truncated

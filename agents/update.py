@@ -145,7 +145,8 @@ class Learner:
     towards the uniform policy on the steps of episodes a step limit cut
     (``agent.cut_uniform_coef``): a solved policy saturated on a move that loops gets no
     gradient from the return, whose gradient on a saturated action's logit is 1 - p, nor from
-    the entropy, whose gradient vanishes there; and once it holds, the memory's span penalty
+    the entropy, whose gradient vanishes there (``agent.greedy_envs`` of the envs then act
+    greedily, for that pull alone); and once it holds, the memory's span penalty
     at ``agent.held_aux_loss_coef``. Under torchrun the gradients flow
     through a DistributedDataParallel wrapper, and the ranks stop their epochs together.
     With ``compile_mode`` (a torch.compile mode) the minibatches' forward and backward run
@@ -180,6 +181,17 @@ class Learner:
     @property
     def anchored(self) -> bool:
         return self.anchor is not None and self.anchor.active
+
+    def greedy_envs(self, num_envs: int) -> torch.Tensor | None:
+        """Which of the ``num_envs`` envs act by their most likely action in the next unroll
+        (agent.greedy_envs): once an anchor holds, the last few, whose steps only the pull out
+        of loops learns from, so that it also pulls on a loop that only the greedy policy
+        makes (sampling escapes it, so no sampled episode is cut); None: none."""
+        if not (self.cfg.greedy_envs and self.anchored):
+            return None
+        greedy = torch.zeros(num_envs, dtype=torch.bool, device=self.parameters[0].device)
+        greedy[num_envs - self.cfg.greedy_envs :] = True
+        return greedy
 
     def targets(self, unroll: Unroll) -> tuple[torch.Tensor, torch.Tensor]:
         """The unroll's advantages (PPO: `normalised` over the unroll) and value targets."""
@@ -333,9 +345,8 @@ class Learner:
             anchor_kl = masked_mean(policy_kl(policy, batch.anchor), batch.mask)
             loss = loss + self.anchor_coef * anchor_kl
         cut_kl = None
-        if batch.cut is not None:  # agent.cut_uniform_coef
-            cut = batch.cut if batch.mask is None else batch.cut & batch.mask
-            cut_kl = masked_mean(kl_from_uniform(policy), cut)
+        if batch.cut is not None:  # agent.cut_uniform_coef, on the greedy envs' steps too
+            cut_kl = masked_mean(kl_from_uniform(policy), batch.cut)
             loss = loss + cfg.cut_uniform_coef * cut_kl
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()

@@ -31,6 +31,7 @@ from agents.distributions import (
     Gaussian,
     kl_from_uniform,
     log_prob_and_entropy,
+    most_likely_where,
     policy_kl,
     sample,
     sampling_noise,
@@ -315,6 +316,28 @@ def test_acting_scores_its_action_as_the_learner_does(greedy):
         assert torch.equal(log_prob, log_prob_and_entropy(policy, action)[0])
     action, _ = sample((p, r), noise)
     assert action.shape == (6, 2) and action[:, 1].max() < 3
+
+
+@pytest.mark.parametrize(
+    "space", [spaces.Discrete(4), spaces.MultiDiscrete([4, 3]), spaces.Box(-1, 1, (3,))]
+)
+def test_noise_made_most_likely_in_some_rows_draws_their_argmax_and_leaves_the_others(space):
+    """most_likely_where: the rows it sets draw the most likely action (a categorical's
+    argmax, a Gaussian's mean), the other rows the action their own noise draws."""
+    torch.manual_seed(0)
+    parts = [torch.randn(6, int(n)) for n in getattr(space, "nvec", [getattr(space, "n", 0)])]
+    policy = parts[0] if isinstance(space, spaces.Discrete) else tuple(parts)
+    if isinstance(space, spaces.Box):
+        policy = Gaussian(torch.randn(6, 3), torch.randn(6, 3))
+    noise = sampling_noise(space, 6, torch.float32, "cpu")
+    rows = torch.tensor([True, False, True, False, False, True])
+    mixed, mixed_log_prob = sample(policy, most_likely_where(space, noise, rows))
+    likely, likely_log_prob = sample(policy, None)
+    sampled, sampled_log_prob = sample(policy, noise)
+    assert torch.equal(mixed[rows], likely[rows]) and torch.equal(mixed[~rows], sampled[~rows])
+    assert not torch.equal(likely[~rows], sampled[~rows])  # (the test can tell them apart)
+    torch.testing.assert_close(mixed_log_prob[rows], likely_log_prob[rows])
+    torch.testing.assert_close(mixed_log_prob[~rows], sampled_log_prob[~rows])
 
 
 def test_policy_anchor_keeps_the_best_agent_once_it_solved_the_task():
@@ -643,6 +666,37 @@ def test_a_solved_policy_is_pulled_towards_uniform_on_the_steps_of_cut_episodes(
     pulled = bool(coef) and anchored
     assert (losses["cut_kl"] > 0) is pulled
     assert (kl_on_cut_steps() < 0.8 * before) is pulled
+    vec_env.close()
+
+
+def test_once_an_anchor_holds_greedy_envs_act_greedily_for_the_pull_out_of_loops_alone():
+    """agent.greedy_envs: none until an anchor holds; then the last envs act by their most
+    likely action, the episode statistics leave their episodes out, the losses leave their
+    steps out, and the pull out of loops counts the steps of their cut episodes (corridors of
+    3-5 cells in at most 6 steps, by an agent biased to move north)."""
+    pull = ("env.max_steps=6", "agent.cut_uniform_coef=1", "agent.greedy_envs=2")
+    vec_env, agent, unroll, learner = anchored_learner(*pull)
+    assert learner.greedy_envs(4) is None
+    learner.anchor.hold(weights_copy(agent), unroll.start_state)
+    greedy = learner.greedy_envs(4)
+    assert greedy.tolist() == [False, False, True, True]
+    with torch.no_grad():
+        agent.policy.bias.copy_(torch.tensor([1.5, 0.0, 0.0, 0.0]))
+    player = Player(vec_env, agent, EpisodeStats(4, "corridor"))
+    player.reset(env_seeds(0, 0, 4, "train"))
+    unroll = Unroll(player, 12)
+    collect_unroll(agent, player, unroll, SpanStats(), False, greedy)
+    with torch.no_grad():
+        policy, _, _ = agent(unroll.obs, unroll.start_state, unroll.starts, unroll.previous())
+    acted_greedily = unroll.actions == policy.argmax(-1)
+    assert acted_greedily[2:].all() and not acted_greedily[:2].all()
+    assert len(player.stats.finished["return"]) == int(unroll.dones[:2].sum())
+    whole = learner.whole_unroll(unroll)
+    assert whole.mask.tolist() == [[True] * 12] * 2 + [[False] * 12] * 2
+    assert whole.cut[2:].any()  # (north into a wall until the limit)
+    torch.testing.assert_close(whole.cut, unroll.cut_episodes)
+    unroll.cut_episodes[:2] = False  # (the greedy envs' loops alone)
+    assert learner.update(unroll, 0)["cut_kl"] > 0
     vec_env.close()
 
 

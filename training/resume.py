@@ -65,6 +65,7 @@ CHANGEABLE = {
         "agent.anchor_temperature",
         "agent.anchor_schedule",
         "agent.cut_uniform_coef",
+        "agent.greedy_envs",
         "agent.held_aux_loss_coef",
     ),
     "lm": ("lr", "grad_clip"),
