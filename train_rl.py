@@ -140,6 +140,14 @@ def check_learner(cfg: DictConfig) -> None:
                 f"agent.held_aux_loss_coef={held_alpha} weighs a span penalty that "
                 f"memory={cfg.memory.kind} has not: use expire_span or adaptive_span, or null"
             )
+    held_beta = cfg.agent.held_attended_span_coef
+    if held_beta is not None:
+        check_range("agent.held_attended_span_coef", held_beta, 0)
+        if cfg.memory.kind != "expire_span":
+            raise ConfigError(
+                f"agent.held_attended_span_coef={held_beta} weighs the attended pull, which "
+                f"memory={cfg.memory.kind} has not: use expire_span, or null"
+            )
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
         check_positive("agent.anchor_temperature", cfg.agent.anchor_temperature)

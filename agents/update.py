@@ -147,7 +147,8 @@ class Learner:
     gradient from the return, whose gradient on a saturated action's logit is 1 - p, nor from
     the entropy, whose gradient vanishes there (``agent.greedy_envs`` of the envs then act
     greedily, for that pull alone); and once it holds, the memory's span penalty
-    at ``agent.held_aux_loss_coef``. Under torchrun the gradients flow
+    at ``agent.held_aux_loss_coef`` and its attended pull at
+    ``agent.held_attended_span_coef``. Under torchrun the gradients flow
     through a DistributedDataParallel wrapper, and the ranks stop their epochs together.
     With ``compile_mode`` (a torch.compile mode) the minibatches' forward and backward run
     compiled, from start memories of few shapes (`memory.MemoryState.select`)."""
@@ -271,6 +272,10 @@ class Learner:
         # carries to every memory, no longer grows the memory of a solved policy
         if self.cfg.held_aux_loss_coef is not None and self.anchored:
             self.agent.core.set_aux_loss_coef(self.cfg.held_aux_loss_coef)
+        # ... and agent.held_attended_span_coef the attended pull's weight, so that the cue's
+        # span, which the stronger penalty presses down, is pulled up as hard
+        if self.cfg.held_attended_span_coef is not None and self.anchored:
+            self.agent.core.set_attended_span_coef(self.cfg.held_attended_span_coef)
         self.anchor_temperature = 1 - (1 - self.cfg.anchor_temperature) * sharpening
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
         # deterministic before it reads the cue, and lets a solved one decide as the rate anneals

@@ -148,6 +148,16 @@ class MemoryTransformer(nn.Module):
                 raise ValueError(f"memory.kind={self.cfg.kind} has no span penalty to weigh")
             layer.kind.coef = coef
 
+    def set_attended_span_coef(self, coef: float) -> None:
+        """The attended pull's weight from now on (memory.attended_span_coef at the start): a
+        solved task's cue may need a stronger pull against a stronger span penalty
+        (``agent.held_attended_span_coef``)."""
+        if self.cfg.kind != "expire_span":
+            raise ValueError(f"memory.kind={self.cfg.kind} has no attended pull to weigh")
+        for layer in self.layers:
+            layer.kind.attended_coef = coef
+            layer.kind.learns_from_attention = coef > 0
+
     @torch.no_grad()
     def refresh(self, state: MemoryState) -> MemoryState:
         """``state`` with the keys, values and spans of its memories recomputed with the

@@ -728,18 +728,45 @@ def test_once_an_anchor_holds_the_span_penalty_takes_the_held_alpha(anchored):
     spans: the loss in the ratio of the two alphas)."""
     alphas = ["memory.aux_loss_coef=1e-3", "agent.held_aux_loss_coef=0.02"]
     vec_env, agent, unroll, learner = anchored_learner(*alphas, "memory.attended_span_coef=0")
-
-    def aux_loss() -> float:
-        learner.set_rate(0)
-        agent.train()
-        return float(learner.forward(learner.whole_unroll(unroll))[2].aux_loss.detach())
-
-    before = aux_loss()
+    before = update_aux_loss(learner, unroll)
     assert before > 0
     if anchored:
         learner.anchor.hold(weights_copy(agent), unroll.start_state)
-    assert aux_loss() == pytest.approx(before * (20 if anchored else 1), rel=1e-5)
+    assert update_aux_loss(learner, unroll) == pytest.approx(
+        before * (20 if anchored else 1), rel=1e-5
+    )
     vec_env.close()
+
+
+@pytest.mark.parametrize("anchored", [False, True])
+@pytest.mark.parametrize("start, held", [(1e-2, 5e-2), (0, 1e-2)])
+def test_once_an_anchor_holds_the_attended_pull_takes_the_held_weight(anchored, start, held):
+    """agent.held_attended_span_coef: with the span penalty off, a minibatch's auxiliary loss
+    is the attended pull at memory.attended_span_coef until an anchor holds, and at the held
+    weight from the next update on (in the ratio of the two); held where it was off, it starts."""
+    vec_env, agent, unroll, learner = anchored_learner(
+        "memory.aux_loss_coef=0",
+        "memory.attended_threshold=0.1",
+        f"memory.attended_span_coef={start}",
+        f"agent.held_attended_span_coef={held}",
+    )
+    before = update_aux_loss(learner, unroll)
+    assert (before > 0) == (start > 0)
+    if anchored:
+        learner.anchor.hold(weights_copy(agent), unroll.start_state)
+    after = update_aux_loss(learner, unroll)
+    if start == 0:
+        assert (after > 0) == anchored
+    else:
+        assert after == pytest.approx(before * (held / start if anchored else 1), rel=1e-5)
+    vec_env.close()
+
+
+def update_aux_loss(learner: Learner, unroll: Unroll) -> float:
+    """The auxiliary loss of an update's first step over the whole ``unroll``."""
+    learner.set_rate(0)
+    learner.agent.train()
+    return float(learner.forward(learner.whole_unroll(unroll))[2].aux_loss.detach())
 
 
 def test_the_learner_pulls_towards_the_anchor_at_its_temperature():

@@ -81,6 +81,8 @@ def steps_logged(run_dir):
         ("agent.cut_uniform_coef=1 agent.greedy_envs=1.5", "must be a whole number"),
         ("agent.held_aux_loss_coef=-1", "agent.held_aux_loss_coef"),
         ("memory=gru agent.held_aux_loss_coef=1e-4", "memory=gru has not"),
+        ("agent.held_attended_span_coef=-1", "agent.held_attended_span_coef"),
+        ("memory=adaptive_span agent.held_attended_span_coef=0.2", "memory=adaptive_span has not"),
         ("memory.dropout=0.1", "the learner would not see the policy that acted"),
         ("memory.memory_shortening=true", "the learner would not see the policy that acted"),
     ],

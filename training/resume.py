@@ -67,6 +67,7 @@ CHANGEABLE = {
         "agent.cut_uniform_coef",
         "agent.greedy_envs",
         "agent.held_aux_loss_coef",
+        "agent.held_attended_span_coef",
     ),
     "lm": ("lr", "grad_clip"),
 }
