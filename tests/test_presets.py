@@ -117,10 +117,10 @@ def test_every_value_of_a_composed_file_is_one_that_a_named_method_runs():
     assert composed_from == run_as_is, sorted(composed_from - run_as_is)
 
 
-def test_the_default_corridor_run_names_the_sixteen_values_its_env_file_replaces():
+def test_the_default_corridor_run_names_the_eighteen_values_its_env_file_replaces():
     _, line = start_up_line("rl")
     replaced = line.split("replacing their values: ")[1]
-    assert replaced.count("(") == 16
+    assert replaced.count("(") == 18
     for setting in (
         "agent.lr_schedule=linear (agent/ppo.yaml: constant)",
         "agent.advantage_scale=returns (agent/ppo.yaml: std)",
@@ -129,11 +129,13 @@ def test_the_default_corridor_run_names_the_sixteen_values_its_env_file_replaces
         "agent.entropy_schedule=rate (agent/ppo.yaml: constant)",
         "agent.anchor_coef=1.0 (agent/ppo.yaml: 0.0)",
         "agent.anchor_from=0.9 (agent/ppo.yaml: 0.95)",
-        "agent.anchor_temperature=0.8 (agent/ppo.yaml: 1.0)",
+        "agent.anchor_temperature=0.5 (agent/ppo.yaml: 1.0)",
         "agent.anchor_follows=True (agent/ppo.yaml: False)",
         "agent.anchor_schedule=rate (agent/ppo.yaml: constant)",
         "agent.anchor_until=0.67 (agent/ppo.yaml: 1.0)",
         "agent.cut_uniform_coef=1.0 (agent/ppo.yaml: 0.0)",
+        "agent.held_aux_loss_coef=0.0001 (agent/ppo.yaml: None)",
+        "agent.held_attended_span_coef=0.2 (agent/ppo.yaml: None)",
         "memory.init_span_fraction=0.5 (memory/schema: 0.1)",
         "memory.attended_span_coef=0.01 (memory/schema: 0.0)",
     ):
