@@ -50,7 +50,7 @@ from envs.registry import (
     named_env,
     task_metric,
 )
-from memory import kind_classes, kind_names
+from memory import kind_names
 from training.checkpoint import BEST_CHECKPOINT_FILE, load_trained, save_checkpoint
 from training.config import (
     COMPILE_MODES,
@@ -132,22 +132,12 @@ def check_learner(cfg: DictConfig) -> None:
                 "alone, which is off: set agent.cut_uniform_coef > 0, or agent.greedy_envs=0"
             )
     held_alpha = cfg.agent.held_aux_loss_coef
-    if held_alpha is not None:  # (it acts once an anchor holds: never without one)
+    if held_alpha is not None:  # (once an anchor holds, for a memory with a span penalty:
+        # the Corridor preset sets it for every memory, as it sets memory.attended_span_coef)
         check_range("agent.held_aux_loss_coef", held_alpha, 0)
-        kind = kind_classes().get(cfg.memory.kind)  # (None: a recurrent baseline)
-        if kind is None or not kind.penalises_span:
-            raise ConfigError(
-                f"agent.held_aux_loss_coef={held_alpha} weighs a span penalty that "
-                f"memory={cfg.memory.kind} has not: use expire_span or adaptive_span, or null"
-            )
     held_beta = cfg.agent.held_attended_span_coef
-    if held_beta is not None:
+    if held_beta is not None:  # (... and with the attended pull: expire_span)
         check_range("agent.held_attended_span_coef", held_beta, 0)
-        if cfg.memory.kind != "expire_span":
-            raise ConfigError(
-                f"agent.held_attended_span_coef={held_beta} weighs the attended pull, which "
-                f"memory={cfg.memory.kind} has not: use expire_span, or null"
-            )
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
         check_positive("agent.anchor_temperature", cfg.agent.anchor_temperature)

@@ -23,6 +23,10 @@ class Core(Protocol):
     # Whether a step without gradients writes into the memory's buffers, the step
     # `agents.compiled_step` compiles (a memory transformer's plan_step and planned_output)
     steps_in_buffers: bool
+    # Whether its memory has a span penalty (memory.aux_loss_coef) and an attended pull
+    # (memory.attended_span_coef) whose weights a learner may change (agent.held_*)
+    penalises_span: bool
+    pulls_attended: bool
 
     def initial_state(self, batch_size: int, device: torch.device | str = ...) -> State:
         """An empty memory for ``batch_size`` sequences."""

@@ -19,6 +19,7 @@ class FeedForwardCore(nn.Module):
     `memory_size` is 0."""
 
     steps_in_buffers = False  # (`agents.core.Core`: no buffers to compile a step over)
+    penalises_span = pulls_attended = False  # (no span penalty, no attended pull)
 
     def __init__(self, dim: int) -> None:
         super().__init__()

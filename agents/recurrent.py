@@ -170,6 +170,7 @@ class RecurrentCore(nn.Module):
     """
 
     steps_in_buffers = False  # (`agents.core.Core`: no buffers to compile a step over)
+    penalises_span = pulls_attended = False  # (no span penalty, no attended pull)
 
     def __init__(self, dim: int, num_layers: int = 1, kind: str = "lstm") -> None:
         super().__init__()

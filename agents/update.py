@@ -269,13 +269,15 @@ class Learner:
         self.anchor_coef = self.cfg.anchor_coef * holding
         # agent.held_aux_loss_coef: once the task is solved (an anchor holds), the span penalty
         # takes this alpha, so that the attended pull on the cue's span, which the predictor
-        # carries to every memory, no longer grows the memory of a solved policy
-        if self.cfg.held_aux_loss_coef is not None and self.anchored:
-            self.agent.core.set_aux_loss_coef(self.cfg.held_aux_loss_coef)
+        # carries to every memory, no longer grows the memory of a solved policy (a memory
+        # without the penalty or the pull ignores its weight, as it ignores memory.*'s)
+        core = self.agent.core
+        if self.cfg.held_aux_loss_coef is not None and self.anchored and core.penalises_span:
+            core.set_aux_loss_coef(self.cfg.held_aux_loss_coef)
         # ... and agent.held_attended_span_coef the attended pull's weight, so that the cue's
         # span, which the stronger penalty presses down, is pulled up as hard
-        if self.cfg.held_attended_span_coef is not None and self.anchored:
-            self.agent.core.set_attended_span_coef(self.cfg.held_attended_span_coef)
+        if self.cfg.held_attended_span_coef is not None and self.anchored and core.pulls_attended:
+            core.set_attended_span_coef(self.cfg.held_attended_span_coef)
         self.anchor_temperature = 1 - (1 - self.cfg.anchor_temperature) * sharpening
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
         # deterministic before it reads the cue, and lets a solved one decide as the rate anneals

@@ -124,6 +124,8 @@ class MemoryTransformer(nn.Module):
         self.layers = nn.ModuleList(MemoryLayer(cfg) for _ in range(cfg.num_layers))
         self.final_norm = nn.LayerNorm(cfg.dim)
         self.steps_in_buffers = all(layer.kind.steps_in_buffer for layer in self.layers)
+        self.penalises_span = all(layer.kind.penalises_span for layer in self.layers)
+        self.pulls_attended = cfg.kind == "expire_span"
 
     def initial_state(
         self, batch_size: int, device: torch.device | str | None = None

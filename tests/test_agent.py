@@ -727,7 +727,9 @@ def test_once_an_anchor_holds_the_span_penalty_takes_the_held_alpha(anchored):
     until an anchor holds, and at agent.held_aux_loss_coef from the next update on (the same
     spans: the loss in the ratio of the two alphas)."""
     alphas = ["memory.aux_loss_coef=1e-3", "agent.held_aux_loss_coef=0.02"]
-    vec_env, agent, unroll, learner = anchored_learner(*alphas, "memory.attended_span_coef=0")
+    vec_env, agent, unroll, learner = anchored_learner(
+        *alphas, "memory.attended_span_coef=0", "agent.held_attended_span_coef=null"
+    )
     before = update_aux_loss(learner, unroll)
     assert before > 0
     if anchored:
@@ -749,6 +751,7 @@ def test_once_an_anchor_holds_the_attended_pull_takes_the_held_weight(anchored, 
         "memory.attended_threshold=0.1",
         f"memory.attended_span_coef={start}",
         f"agent.held_attended_span_coef={held}",
+        "agent.held_aux_loss_coef=null",  # (the Corridor preset's: the penalty stays off)
     )
     before = update_aux_loss(learner, unroll)
     assert (before > 0) == (start > 0)
@@ -759,6 +762,18 @@ def test_once_an_anchor_holds_the_attended_pull_takes_the_held_weight(anchored, 
         assert (after > 0) == anchored
     else:
         assert after == pytest.approx(before * (held / start if anchored else 1), rel=1e-5)
+    vec_env.close()
+
+
+@pytest.mark.parametrize("memory", ["gru", "transformer_xl"])
+def test_a_memory_without_the_held_losses_learns_as_before_once_an_anchor_holds(memory):
+    """The Corridor preset's held weights (agent.held_*) reach every memory run there: one
+    without a span penalty or an attended pull ignores them, as it ignores memory.*'s."""
+    vec_env, agent, unroll, learner = anchored_learner(f"memory={memory}")
+    assert learner.cfg.held_aux_loss_coef and learner.cfg.held_attended_span_coef
+    before = update_aux_loss(learner, unroll)
+    learner.anchor.hold(weights_copy(agent), unroll.start_state)
+    assert update_aux_loss(learner, unroll) == before
     vec_env.close()
 
 
