@@ -61,6 +61,7 @@ CHANGEABLE = {
         "agent.entropy_coef",
         "agent.entropy_schedule",
         "agent.anchor_coef",
+        "agent.anchor_from",
         "agent.anchor_follows",
         "agent.anchor_temperature",
         "agent.anchor_schedule",
