@@ -69,6 +69,7 @@ CHANGEABLE = {
         "agent.greedy_envs",
         "agent.held_aux_loss_coef",
         "agent.held_attended_span_coef",
+        "agent.held_ramp",
     ),
     "lm": ("lr", "grad_clip"),
 }
