@@ -138,7 +138,6 @@ def check_learner(cfg: DictConfig) -> None:
     held_beta = cfg.agent.held_attended_span_coef
     if held_beta is not None:  # (... and with the attended pull: expire_span)
         check_range("agent.held_attended_span_coef", held_beta, 0)
-    check_whole("agent.held_ramp", cfg.agent.held_ramp)
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
         check_positive("agent.anchor_temperature", cfg.agent.anchor_temperature)

@@ -137,14 +137,6 @@ class Tally:
         return means
 
 
-def ramped(start: float, end: float, fraction: float) -> float:
-    """A weight ``fraction`` of the way from ``start`` to ``end``: geometrically when both are
-    positive (a weight 20 times larger gets there by equal factors), else linearly."""
-    if start > 0 and end > 0:
-        return start * (end / start) ** fraction
-    return start + (end - start) * fraction
-
-
 class Learner:
     """Updates ``agent`` from unrolls by PPO or A2C (the ``agent.*`` settings, ``cfg``):
     advantages and value targets by GAE, the learning rate's schedule over ``num_updates``,
@@ -156,11 +148,10 @@ class Learner:
     the entropy, whose gradient vanishes there (``agent.greedy_envs`` of the envs then act
     greedily, for that pull alone); and once it holds, the memory's span penalty
     at ``agent.held_aux_loss_coef`` and its attended pull at
-    ``agent.held_attended_span_coef``, reached over ``agent.held_ramp`` updates. Under
-    torchrun the gradients flow through a DistributedDataParallel wrapper, and the ranks stop
-    their epochs together. With ``compile_mode`` (a torch.compile mode) the minibatches'
-    forward and backward run compiled, from start memories of few shapes
-    (`memory.MemoryState.select`)."""
+    ``agent.held_attended_span_coef``. Under torchrun the gradients flow
+    through a DistributedDataParallel wrapper, and the ranks stop their epochs together.
+    With ``compile_mode`` (a torch.compile mode) the minibatches' forward and backward run
+    compiled, from start memories of few shapes (`memory.MemoryState.select`)."""
 
     def __init__(
         self,
@@ -187,7 +178,6 @@ class Learner:
         self.anchor_coef = cfg.anchor_coef  # (all three set by set_rate for each update)
         self.anchor_temperature = cfg.anchor_temperature
         self.entropy_coef = cfg.entropy_coef
-        self.held_since: int | None = None  # the first update an anchor held (agent.held_ramp)
 
     @property
     def anchored(self) -> bool:
@@ -282,34 +272,18 @@ class Learner:
         # carries to every memory, no longer grows the memory of a solved policy (a memory
         # without the penalty or the pull ignores its weight, as it ignores memory.*'s)
         core = self.agent.core
-        if self.anchored and self.held_since is None:
-            self.held_since = update
-        held = self.held_fraction(update)
         if self.cfg.held_aux_loss_coef is not None and self.anchored and core.penalises_span:
-            core.set_aux_loss_coef(
-                ramped(core.cfg.aux_loss_coef, self.cfg.held_aux_loss_coef, held)
-            )
+            core.set_aux_loss_coef(self.cfg.held_aux_loss_coef)
         # ... and agent.held_attended_span_coef the attended pull's weight, so that the cue's
         # span, which the stronger penalty presses down, is pulled up as hard
         if self.cfg.held_attended_span_coef is not None and self.anchored and core.pulls_attended:
-            core.set_attended_span_coef(
-                ramped(core.cfg.attended_span_coef, self.cfg.held_attended_span_coef, held)
-            )
+            core.set_attended_span_coef(self.cfg.held_attended_span_coef)
         self.anchor_temperature = 1 - (1 - self.cfg.anchor_temperature) * sharpening
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
         # deterministic before it reads the cue, and lets a solved one decide as the rate anneals
         self.entropy_coef = self.cfg.entropy_coef * coef_fraction(
             self.cfg.entropy_schedule, fraction
         )
-
-    def held_fraction(self, update: int) -> float:
-        """How far the held weights (agent.held_*) have come at the ``update``-th update:
-        over agent.held_ramp updates from the first an anchor held, so that a memory the
-        policy still reads is not taken away at once by a penalty 20 times stronger; 1 with
-        no ramp."""
-        if not self.cfg.held_ramp or self.held_since is None:
-            return 1.0
-        return min(1.0, (update - self.held_since + 1) / self.cfg.held_ramp)
 
     def whole_unroll(self, unroll: Unroll) -> Minibatch:
         """What the minibatches select from, made once an update: the unroll's acting, its
@@ -405,7 +379,6 @@ class Learner:
             state["anchor"] = self.anchor.state_dict()
             state["anchor_held"] = self.anchor.held
             state["anchor_best"] = self.anchor.best
-            state["held_since"] = self.held_since
         return state
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
@@ -415,4 +388,3 @@ class Learner:
             self.anchor.load_state_dict(checkpoint["anchor"])
             self.anchor.held = checkpoint.get("anchor_held", True)
             self.anchor.best = checkpoint.get("anchor_best")
-            self.held_since = checkpoint.get("held_since")

@@ -765,37 +765,6 @@ def test_once_an_anchor_holds_the_attended_pull_takes_the_held_weight(anchored, 
     vec_env.close()
 
 
-@pytest.mark.parametrize("ramp", [0, 4])
-def test_the_held_weights_ramp_in_from_the_first_update_an_anchor_holds(ramp):
-    """agent.held_ramp=N: from the first update an anchor holds (here the third), update k of
-    the ramp weighs the span penalty at alpha x (held / alpha)^(k / N) and the attended pull
-    from 0 linearly, each at its held weight from the N-th on, also after a checkpoint; with no
-    ramp, at once."""
-    vec_env, agent, unroll, learner = anchored_learner(
-        "memory.aux_loss_coef=1e-3",
-        "agent.held_aux_loss_coef=0.02",
-        "memory.attended_span_coef=0",
-        "agent.held_attended_span_coef=0.4",
-        f"agent.held_ramp={ramp}",
-    )
-    kind = agent.core.layers[0].kind
-    learner.set_rate(0)
-    learner.set_rate(1)
-    assert (kind.coef, kind.attended_coef) == (1e-3, 0)
-    learner.anchor.hold(weights_copy(agent), unroll.start_state)
-    penalties, pulls = [], []
-    for update in range(2, 8):
-        if update == 4:  # a run resumed from a checkpoint goes on along its ramp
-            learner.load_state_dict(learner.state_dict())
-        learner.set_rate(update)
-        penalties.append(kind.coef)
-        pulls.append(kind.attended_coef)
-    fractions = [min(1, k / ramp) if ramp else 1 for k in range(1, 7)]
-    assert penalties == pytest.approx([1e-3 * 20**f for f in fractions])
-    assert pulls == pytest.approx([0.4 * f for f in fractions])
-    vec_env.close()
-
-
 @pytest.mark.parametrize("memory", ["gru", "transformer_xl"])
 def test_a_memory_without_the_held_losses_learns_as_before_once_an_anchor_holds(memory):
     """The Corridor preset's held weights (agent.held_*) reach every memory run there: one

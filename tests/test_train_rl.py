@@ -81,8 +81,6 @@ def steps_logged(run_dir):
         ("agent.cut_uniform_coef=1 agent.greedy_envs=1.5", "must be a whole number"),
         ("agent.held_aux_loss_coef=-1", "agent.held_aux_loss_coef"),
         ("agent.held_attended_span_coef=-1", "agent.held_attended_span_coef"),
-        ("agent.held_ramp=-5", "agent.held_ramp"),
-        ("agent.held_ramp=2.5", "must be a whole number"),
         ("memory.dropout=0.1", "the learner would not see the policy that acted"),
         ("memory.memory_shortening=true", "the learner would not see the policy that acted"),
     ],

@@ -69,7 +69,6 @@ CHANGEABLE = {
         "agent.greedy_envs",
         "agent.held_aux_loss_coef",
         "agent.held_attended_span_coef",
-        "agent.held_ramp",
     ),
     "lm": ("lr", "grad_clip"),
 }
