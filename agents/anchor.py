@@ -46,12 +46,16 @@ class PolicyAnchor:
     entries (`state_dict`, ``best``); its memory, like the agent's, is each rank's own
     (`memory_state_dict`)."""
 
-    def __init__(self, agent: torch.nn.Module, solved: float, follows: bool = False) -> None:
+    def __init__(
+        self, agent: torch.nn.Module, solved: float, follows: bool = False, after: int = 1
+    ) -> None:
         self.model = copy.deepcopy(agent).eval().requires_grad_(False)
         self.solved = solved
         self.follows = follows  # agent.anchor_follows: the agent of every interval that holds
+        self.after = after  # agent.anchor_after: intervals in a row at ``solved`` before the first
         self.active = False
         self.held = True  # whether the latest logged interval reached ``solved`` (`see`)
+        self.streak = 0  # how many logged intervals in a row, up to the latest, reached ``solved``
         self.best: dict[str, torch.Tensor] | None = None  # the best solved interval's agent
         self.state: State | None = None  # the anchor's memory at the next unroll's start
 
@@ -71,12 +75,22 @@ class PolicyAnchor:
         full Corridor: an interval at 0.945 whose first agent fails one case of four, held there
         by the pull for 2M steps while best.pt's agent solves all four). A pull that
         agent.anchor_until let go comes back while an interval is below ``solved``
-        (`Learner.set_rate`)."""
+        (`Learner.set_rate`).
+
+        The first anchor waits for ``after`` intervals in a row at ``solved``: a policy whose
+        first interval crosses that level may still hedge on a case, and an anchor there holds it
+        undecided (tuning seeds 2 and 5 of the full Corridor, pinned at 0.72-0.87 by an anchor
+        taken at one or two intervals at 0.92-0.93 with a policy entropy of 0.42-0.48)."""
         self.held = level >= self.solved
+        self.streak = self.streak + 1 if self.held else 0
         if self.held and new_best:
             self.best = played
+        if not self.active and self.streak < self.after:
+            return
         if self.held and (new_best or self.follows):
             self.hold(played, state)
+        elif self.held and not self.active:  # the streak is long enough: the best interval's agent
+            self.hold(self.best, state)
         elif not self.held and self.best is not None and not self.holds(self.best):
             log.info("an interval at %.3f: the anchor is back at the best interval's agent", level)
             self.hold(self.best, state)

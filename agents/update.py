@@ -174,7 +174,7 @@ class Learner:
         self.parameters = list(agent.parameters())
         self.anchor = None
         if cfg.anchor_coef:
-            self.anchor = PolicyAnchor(agent, cfg.anchor_from, cfg.anchor_follows)
+            self.anchor = PolicyAnchor(agent, cfg.anchor_from, cfg.anchor_follows, cfg.anchor_after)
         self.anchor_coef = cfg.anchor_coef  # (all three set by set_rate for each update)
         self.anchor_temperature = cfg.anchor_temperature
         self.entropy_coef = cfg.entropy_coef
@@ -373,8 +373,11 @@ class Learner:
 
     def state_dict(self) -> dict[str, Any]:
         """The checkpoint's entries of the learner: the agent, the optimiser, the anchor (its
-        weights, whether the latest interval held, the best interval's agent)."""
+        weights, whether the latest interval held, the intervals in a row that did, the best
+        interval's agent)."""
         state = {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
+        if self.anchor is not None:
+            state["anchor_streak"] = self.anchor.streak
         if self.anchored:
             state["anchor"] = self.anchor.state_dict()
             state["anchor_held"] = self.anchor.held
@@ -384,6 +387,8 @@ class Learner:
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
         self.agent.load_state_dict(checkpoint["agent"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if self.anchor is not None:
+            self.anchor.streak = checkpoint.get("anchor_streak", 0)
         if self.anchor is not None and "anchor" in checkpoint:
             self.anchor.load_state_dict(checkpoint["anchor"])
             self.anchor.held = checkpoint.get("anchor_held", True)

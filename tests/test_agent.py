@@ -387,6 +387,32 @@ def test_an_interval_that_falls_sends_the_anchor_back_to_the_best_agent(follows)
     assert torch.equal(flat_parameters(anchor.model), expected) and anchor.held
 
 
+@pytest.mark.parametrize("follows", [False, True])
+def test_the_first_anchor_waits_for_intervals_in_a_row_that_hold(follows):
+    """With ``after`` = 3 the first anchor needs three intervals in a row at ``solved``: a
+    streak broken after two takes none; the third of a new streak takes the best interval's
+    agent (a following anchor: that interval's), and from then on a fall no longer lets go."""
+    agent = make_agent("expire_span")
+    anchor = PolicyAnchor(agent, solved=0.9, follows=follows, after=3)
+    state = agent.initial_state(2)
+    agents = []
+    levels = [(0.95, True), (0.97, True), (0.8, False), (0.92, False), (0.96, False)]
+    for level, new_best in levels:
+        nudged(agent)
+        agents.append(flat_parameters(agent))
+        anchor.see(level, weights_copy(agent), state, new_best)
+        assert not anchor.active
+    assert anchor.streak == 2
+    nudged(agent)
+    agents.append(flat_parameters(agent))
+    anchor.see(0.93, weights_copy(agent), state, new_best=False)
+    assert anchor.active and anchor.streak == 3
+    assert torch.equal(flat_parameters(anchor.model), agents[5 if follows else 1])
+    anchor.see(0.5, weights_copy(agent), state, new_best=False)
+    assert anchor.active and anchor.streak == 0
+    assert torch.equal(flat_parameters(anchor.model), agents[1])
+
+
 def flat_parameters(module: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().flatten() for p in module.parameters()])
 
@@ -580,6 +606,25 @@ def test_a_checkpoint_keeps_the_anchor_and_the_best_agent_it_falls_back_to():
         learner.anchor.see(0.5, weights_copy(learner.agent), state, new_best=False)
     assert flat_parameters(restored.anchor.model).equal(flat_parameters(saved.anchor.model))
     assert restored.anchor.holds(saved.anchor.best) and not restored.anchor.held
+
+
+def test_a_checkpoint_keeps_the_streak_that_the_first_anchor_waits_for():
+    """agent.anchor_after: a learner restored between the intervals of a streak takes its first
+    anchor at the same interval as the unbroken run."""
+    with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
+        overrides = [*TINY_RL, "agent.anchor_coef=1", "agent.anchor_from=0.9"]
+        cfg = compose("rl", overrides=[*overrides, "agent.anchor_after=3"])
+    agent = make_agent("expire_span")
+    state, played = agent.initial_state(2), weights_copy(agent)
+    learners = [Learner(agent, cfg.agent, 8, DistInfo(device=torch.device("cpu"))) for _ in "ab"]
+    saved, restored = learners
+    for level in (0.95, 0.93):
+        saved.anchor.see(level, played, state, new_best=level == 0.95)
+    restored.load_state_dict(saved.state_dict())
+    assert not restored.anchored
+    for learner in learners:
+        learner.anchor.see(0.91, played, state, new_best=False)
+    assert restored.anchored and saved.anchored
 
 
 def test_a_sharpened_policy_is_the_policy_at_a_lower_temperature():

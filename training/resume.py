@@ -63,6 +63,7 @@ CHANGEABLE = {
         "agent.anchor_coef",
         "agent.anchor_from",
         "agent.anchor_follows",
+        "agent.anchor_after",
         "agent.anchor_temperature",
         "agent.anchor_schedule",
         "agent.cut_uniform_coef",
