@@ -376,12 +376,12 @@ class Learner:
         weights, whether the latest interval held, the intervals in a row that did, the best
         interval's agent)."""
         state = {"agent": self.agent.state_dict(), "optimizer": self.optimizer.state_dict()}
-        if self.anchor is not None:
+        if self.anchor is not None:  # (the best solved interval may precede the first anchor)
             state["anchor_streak"] = self.anchor.streak
+            state["anchor_best"] = self.anchor.best
         if self.anchored:
             state["anchor"] = self.anchor.state_dict()
             state["anchor_held"] = self.anchor.held
-            state["anchor_best"] = self.anchor.best
         return state
 
     def load_state_dict(self, checkpoint: dict[str, Any]) -> None:
@@ -389,7 +389,7 @@ class Learner:
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         if self.anchor is not None:
             self.anchor.streak = checkpoint.get("anchor_streak", 0)
+            self.anchor.best = checkpoint.get("anchor_best")
         if self.anchor is not None and "anchor" in checkpoint:
             self.anchor.load_state_dict(checkpoint["anchor"])
             self.anchor.held = checkpoint.get("anchor_held", True)
-            self.anchor.best = checkpoint.get("anchor_best")

@@ -610,21 +610,26 @@ def test_a_checkpoint_keeps_the_anchor_and_the_best_agent_it_falls_back_to():
 
 def test_a_checkpoint_keeps_the_streak_that_the_first_anchor_waits_for():
     """agent.anchor_after: a learner restored between the intervals of a streak takes its first
-    anchor at the same interval as the unbroken run."""
+    anchor at the same interval as the unbroken run, at the best interval's agent (kept before
+    any anchor)."""
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         overrides = [*TINY_RL, "agent.anchor_coef=1", "agent.anchor_from=0.9"]
-        cfg = compose("rl", overrides=[*overrides, "agent.anchor_after=3"])
+        cfg = compose(
+            "rl", overrides=[*overrides, "agent.anchor_after=3", "agent.anchor_follows=false"]
+        )
     agent = make_agent("expire_span")
-    state, played = agent.initial_state(2), weights_copy(agent)
+    state = agent.initial_state(2)
     learners = [Learner(agent, cfg.agent, 8, DistInfo(device=torch.device("cpu"))) for _ in "ab"]
     saved, restored = learners
     for level in (0.95, 0.93):
-        saved.anchor.see(level, played, state, new_best=level == 0.95)
+        nudged(agent)
+        saved.anchor.see(level, weights_copy(agent), state, new_best=level == 0.95)
     restored.load_state_dict(saved.state_dict())
     assert not restored.anchored
     for learner in learners:
-        learner.anchor.see(0.91, played, state, new_best=False)
+        learner.anchor.see(0.91, weights_copy(agent), state, new_best=False)
     assert restored.anchored and saved.anchored
+    assert restored.anchor.holds(saved.anchor.best)
 
 
 def test_a_sharpened_policy_is_the_policy_at_a_lower_temperature():
