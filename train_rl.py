@@ -140,7 +140,6 @@ def check_learner(cfg: DictConfig) -> None:
         check_range("agent.held_attended_span_coef", held_beta, 0)
     if cfg.agent.anchor_coef:
         check_positive("agent.anchor_coef", cfg.agent.anchor_coef)
-        check_positive("agent.anchor_temperature", cfg.agent.anchor_temperature)
         check_range("agent.anchor_until", cfg.agent.anchor_until, 0, 1, low_open=True)
         if cfg.agent.anchor_until < 1 and cfg.agent.anchor_schedule != "rate":
             raise ConfigError(

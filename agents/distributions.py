@@ -135,16 +135,3 @@ def kl_from_uniform(policy: PolicyParams) -> torch.Tensor:
         return sum(kl_from_uniform(part) for part in policy)
     log_probs = F.log_softmax(policy, dim=-1)
     return -log_probs.mean(-1) - math.log(policy.shape[-1])
-
-
-def sharpened(policy: PolicyParams, temperature: float) -> PolicyParams:
-    """``policy`` at ``temperature`` (< 1: sharper, 1: itself): a categorical's probabilities
-    raised to 1 / temperature and renormalised (logits / temperature), a Gaussian's variance
-    times temperature."""
-    if temperature == 1:
-        return policy
-    if isinstance(policy, Gaussian):
-        return Gaussian(policy.mean, policy.log_std + 0.5 * math.log(temperature))
-    if isinstance(policy, tuple):
-        return tuple(sharpened(part, temperature) for part in policy)
-    return policy / temperature

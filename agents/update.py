@@ -11,7 +11,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from agents.actor_critic import ActorCritic, Previous
 from agents.anchor import PolicyAnchor
-from agents.distributions import PolicyParams, kl_from_uniform, policy_kl, sharpened
+from agents.distributions import PolicyParams, kl_from_uniform, policy_kl
 from agents.encoders import map_observation, update_statistics
 from agents.losses import (
     LossTerms,
@@ -175,8 +175,7 @@ class Learner:
         self.anchor = None
         if cfg.anchor_coef:
             self.anchor = PolicyAnchor(agent, cfg.anchor_from, cfg.anchor_follows, cfg.anchor_after)
-        self.anchor_coef = cfg.anchor_coef  # (all three set by set_rate for each update)
-        self.anchor_temperature = cfg.anchor_temperature
+        self.anchor_coef = cfg.anchor_coef  # (both set by set_rate for each update)
         self.entropy_coef = cfg.entropy_coef
 
     @property
@@ -248,20 +247,16 @@ class Learner:
 
     def set_rate(self, update: int) -> None:
         """The learning rate of the ``update``-th update, as agent.lr_schedule sets it, the
-        anchor's and the entropy cost's coefficients and the anchor's temperature, as
-        agent.anchor_schedule and agent.entropy_schedule set them."""
+        anchor's and the entropy cost's coefficients, as agent.anchor_schedule and
+        agent.entropy_schedule set them."""
         fraction = lr_fraction(self.cfg.lr_schedule, update, self.num_updates)
         for group in self.optimizer.param_groups:
             group["lr"] = self.cfg.lr * fraction
-        # agent.anchor_schedule=rate: the anchor holds hardest while the updates are large, and
-        # its target sharpens (agent.anchor_temperature) as they anneal: a policy that is still
-        # learning keeps exploring, a held one decides
+        # agent.anchor_schedule=rate: the anchor holds hardest while the updates are large
         holding = coef_fraction(self.cfg.anchor_schedule, fraction)
-        sharpening = 1.0
         if self.cfg.anchor_schedule == "rate":  # agent.anchor_until: let go once the rate has
             # fallen by that much of its peak, so that the last updates learn from the return alone
             letting_go = max(0.0, 1 - (1 - holding) / self.cfg.anchor_until)
-            sharpening = 1 - letting_go
             # ... unless the policy has since fallen below anchor_from: then the anchor (the last
             # agent that held) pulls it back, as hard as the rate alone would have it
             lapsed = letting_go == 0 and self.anchored and not self.anchor.held
@@ -278,7 +273,6 @@ class Learner:
         # span, which the stronger penalty presses down, is pulled up as hard
         if self.cfg.held_attended_span_coef is not None and self.anchored and core.pulls_attended:
             core.set_attended_span_coef(self.cfg.held_attended_span_coef)
-        self.anchor_temperature = 1 - (1 - self.cfg.anchor_temperature) * sharpening
         # agent.entropy_schedule=rate: the entropy cost keeps an early policy from going
         # deterministic before it reads the cue, and lets a solved one decide as the rate anneals
         self.entropy_coef = self.cfg.entropy_coef * coef_fraction(
@@ -294,11 +288,7 @@ class Learner:
         previous = unroll.previous()
         anchor = None
         if self.anchored:
-            # agent.anchor_temperature < 1: a target sharper than the anchor, so that a held
-            # policy keeps deciding
-            anchor = sharpened(
-                self.anchor.policy(unroll.obs, unroll.starts, previous), self.anchor_temperature
-            )
+            anchor = self.anchor.policy(unroll.obs, unroll.starts, previous)
         return Minibatch(
             obs=unroll.obs,
             starts=unroll.starts,

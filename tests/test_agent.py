@@ -35,7 +35,6 @@ from agents.distributions import (
     policy_kl,
     sample,
     sampling_noise,
-    sharpened,
 )
 from agents.episodes import EpisodeStats
 from agents.evaluation import evaluate_policies
@@ -504,9 +503,7 @@ def test_learning_after_an_update_reads_carried_memories_as_acting_does(kind):
 def test_a_coefficient_schedule_scales_the_coefficient_with_the_rate(term, schedule):
     """agent.anchor_schedule / agent.entropy_schedule=rate: update u of N weighs its term at
     C x (1 - u / N) under the linear rate, C x 1 under a constant one; constant: at C
-    throughout; the other coefficient is left at its own value. The anchor's target sharpens
-    as its coefficient fades: temperature 1 - (1 - T) u / N under the linear rate (1 under a
-    constant one), T under a constant anchor schedule."""
+    throughout; the other coefficient is left at its own value."""
     other = {"anchor": "entropy", "entropy": "anchor"}[term]
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose(
@@ -516,7 +513,6 @@ def test_a_coefficient_schedule_scales_the_coefficient_with_the_rate(term, sched
                 "agent.anchor_coef=2",
                 "agent.entropy_coef=3",
                 "agent.lr=1e-3",
-                "agent.anchor_temperature=0.5",
                 "agent.anchor_until=1",  # (the pull to the end: its earlier end is tested below)
             ],
         )
@@ -525,54 +521,43 @@ def test_a_coefficient_schedule_scales_the_coefficient_with_the_rate(term, sched
         cfg.agent.lr_schedule = lr_schedule
         cfg.agent[f"{term}_schedule"], cfg.agent[f"{other}_schedule"] = schedule, "constant"
         learner = Learner(agent, cfg.agent, 4, DistInfo(device=torch.device("cpu")))
-        coefficients, others, rates, temperatures = [], [], [], []
+        coefficients, others, rates = [], [], []
         for update in range(4):
             learner.set_rate(update)
             coefficients.append(getattr(learner, f"{term}_coef"))
             others.append(getattr(learner, f"{other}_coef"))
             rates.append(learner.optimizer.param_groups[0]["lr"])
-            temperatures.append(learner.anchor_temperature)
         linear = [1 - u / 4 for u in range(4)] if lr_schedule == "linear" else [1.0] * 4
         scaled = linear if schedule == "rate" else [1.0] * 4
         assert coefficients == pytest.approx([cfg.agent[f"{term}_coef"] * f for f in scaled])
         assert others == pytest.approx([cfg.agent[f"{other}_coef"]] * 4)
         assert rates == pytest.approx([1e-3 * f for f in linear])
-        anchor_by_rate = term == "anchor" and schedule == "rate"
-        sharpening = [1 - f for f in linear] if anchor_by_rate else [1.0] * 4
-        assert temperatures == pytest.approx([1 - 0.5 * f for f in sharpening])
 
 
 def test_an_anchor_until_lets_go_once_the_rate_has_fallen_that_far():
     """agent.anchor_until=u under anchor_schedule=rate and a linear rate: update k of N holds
-    at max(0, 1 - (k / N) / u), its target sharpened as far (T reached at k = u N, the pull 0
-    from there); the rate and the entropy cost are unchanged."""
+    at max(0, 1 - (k / N) / u), the pull 0 from k = u N; the rate is unchanged."""
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose("rl", overrides=[*TINY_RL, "agent.anchor_coef=2", "agent.lr=1e-3"])
-    cfg.agent.update(
-        lr_schedule="linear", anchor_schedule="rate", anchor_temperature=0.5, anchor_until=0.5
-    )
+    cfg.agent.update(lr_schedule="linear", anchor_schedule="rate", anchor_until=0.5)
     learner = Learner(make_agent("expire_span"), cfg.agent, 8, DistInfo(device=torch.device("cpu")))
-    coefficients, temperatures, rates = [], [], []
+    coefficients, rates = [], []
     for update in range(8):
         learner.set_rate(update)
         coefficients.append(learner.anchor_coef)
-        temperatures.append(learner.anchor_temperature)
         rates.append(learner.optimizer.param_groups[0]["lr"])
     holding = [1, 0.75, 0.5, 0.25, 0, 0, 0, 0]
     assert coefficients == pytest.approx([2 * h for h in holding])
-    assert temperatures == pytest.approx([1 - 0.5 * (1 - h) for h in holding])
     assert rates == pytest.approx([1e-3 * (1 - k / 8) for k in range(8)])
 
 
 def test_a_pull_let_go_comes_back_while_the_policy_falls_below_anchor_from():
     """Once agent.anchor_until has let the pull go, an interval below anchor_from brings it back
-    at the rate's fraction (not the fade's 0), its target as sharp as before, until an interval
-    holds again; before the pull is gone a fall changes nothing."""
+    at the rate's fraction (not the fade's 0), until an interval holds again; before the pull
+    is gone a fall changes nothing."""
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
         cfg = compose("rl", overrides=[*TINY_RL, "agent.anchor_coef=2"])
-    cfg.agent.update(
-        lr_schedule="linear", anchor_schedule="rate", anchor_temperature=0.5, anchor_until=0.5
-    )
+    cfg.agent.update(lr_schedule="linear", anchor_schedule="rate", anchor_until=0.5)
     agent = make_agent("expire_span")
     learner = Learner(agent, cfg.agent, 8, DistInfo(device=torch.device("cpu")))
     state, played = agent.initial_state(2), weights_copy(agent)
@@ -581,7 +566,6 @@ def test_a_pull_let_go_comes_back_while_the_policy_falls_below_anchor_from():
         learner.anchor.see(level, played, state, new_best=update == 0)
         learner.set_rate(update)
         coefficients.append(learner.anchor_coef)
-        assert learner.anchor_temperature == pytest.approx(1 - 0.5 * min(1, update / 4))
     assert coefficients == pytest.approx([2, 1.5, 1, 0.5, 0, 2 * 3 / 8, 2 * 2 / 8, 0])
 
 
@@ -630,24 +614,6 @@ def test_a_checkpoint_keeps_the_streak_that_the_first_anchor_waits_for():
         learner.anchor.see(0.91, weights_copy(agent), state, new_best=False)
     assert restored.anchored and saved.anchored
     assert restored.anchor.holds(saved.anchor.best)
-
-
-def test_a_sharpened_policy_is_the_policy_at_a_lower_temperature():
-    """agent.anchor_temperature T: a categorical's probabilities go as p^(1/T) (each
-    MultiDiscrete component's alike), a Gaussian keeps its mean with its variance times T; at
-    T = 1 the policy is itself, and below 1 the KL to a policy's own sharpened copy is > 0."""
-    logits = torch.randn(5, 4)
-    probs = logits.softmax(-1) ** 2
-    expected = probs / probs.sum(-1, keepdim=True)
-    torch.testing.assert_close(sharpened(logits, 0.5).softmax(-1), expected)
-    parts = sharpened((logits, 3 * logits), 0.5)
-    torch.testing.assert_close(parts[1].softmax(-1), (6 * logits).softmax(-1))
-    gaussian = Gaussian(torch.randn(5, 2), torch.randn(5, 2))
-    sharp = sharpened(gaussian, 0.25)
-    torch.testing.assert_close(sharp.mean, gaussian.mean)
-    torch.testing.assert_close(sharp.log_std.exp() ** 2, 0.25 * gaussian.log_std.exp() ** 2)
-    assert sharpened(logits, 1.0) is logits
-    assert (policy_kl(logits, sharpened(logits, 0.5)) > 0).all()
 
 
 def test_the_kl_from_uniform_pulls_a_saturated_policy_by_its_probabilities():
@@ -834,16 +800,16 @@ def update_aux_loss(learner: Learner, unroll: Unroll) -> float:
     return float(learner.forward(learner.whole_unroll(unroll))[2].aux_loss.detach())
 
 
-def test_the_learner_pulls_towards_the_anchor_at_its_temperature():
-    """With agent.anchor_temperature=0.5 the target of an update's anchor KL is the anchor's
-    policy over the unroll at half its temperature (its logits doubled)."""
-    vec_env, agent, unroll, learner = anchored_learner("agent.anchor_temperature=0.5")
+def test_the_learner_pulls_towards_the_anchors_policy_from_its_own_memory():
+    """The target of an update's anchor KL is the anchor's policy over the unroll, from the
+    memory the anchor's own passes carried on (not the agent's)."""
+    vec_env, agent, unroll, learner = anchored_learner()
     learner.anchor.hold(weights_copy(agent), unroll.start_state)
     start = learner.anchor.state
     target = learner.whole_unroll(unroll).anchor
     learner.anchor.state = start  # (the anchor's own pass again, from the same memory)
     anchor = learner.anchor.policy(unroll.obs, unroll.starts, unroll.previous())
-    torch.testing.assert_close(target, anchor / 0.5)
+    torch.testing.assert_close(target, anchor)
     vec_env.close()
 
 

@@ -25,6 +25,7 @@ from agents.build import build_agent
 from envs.registry import make_env
 from memory import kind_names
 from scripts import claimed_by_another_process, load_script, record_closing
+from training.checkpoint import load_checkpoint, save_checkpoint
 from training.run_dir import save_resolved_config
 from training.seeding import env_seeds
 
@@ -190,6 +191,33 @@ def test_an_annealed_run_refuses_a_new_budget_on_resume(finished_run, tmp_path):
     assert result.returncode == 2, result.stderr
     assert f"continues exactly only with total_steps={2 * STEPS_PER_UPDATE}" in result.stderr
     assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_a_run_saved_with_a_removed_setting_resumes_only_at_its_neutral_value(
+    finished_run, tmp_path
+):
+    """A checkpoint whose config holds a learner setting since removed (a sharper anchor
+    target, agent.anchor_temperature=0.5) cannot continue as it ran: the resume is refused in
+    one line that names the setting, before anything is written; at the value this version
+    runs as (1.0) it resumes."""
+    run_dir = copy_of(finished_run, tmp_path)
+    checkpoint = load_checkpoint(run_dir)
+    constant = "agent.lr_schedule=constant"  # (so that total_steps may grow)
+    checkpoint["config"]["agent"].update(anchor_temperature=0.5, lr_schedule="constant")
+    save_checkpoint(run_dir, checkpoint)
+    written = {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()}
+    more = f"total_steps={3 * STEPS_PER_UPDATE}"
+    result = run([*TINY_RL, constant, more, "resume=true"], run_dir)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "saved with agent.anchor_temperature=0.5, a setting this version no longer has" in (
+        result.stderr
+    )
+    assert {path: path.read_bytes() for path in run_dir.rglob("*") if path.is_file()} == written
+    checkpoint["config"]["agent"]["anchor_temperature"] = 1.0
+    save_checkpoint(run_dir, checkpoint)
+    result = run([*TINY_RL, constant, more, "resume=true"], run_dir)
+    assert result.returncode == 0, result.stderr
+    assert steps_logged(run_dir)[-1] == 3 * STEPS_PER_UPDATE
 
 
 def test_a_resume_may_change_the_learner_and_records_the_change(tmp_path):

@@ -64,7 +64,6 @@ CHANGEABLE = {
         "agent.anchor_from",
         "agent.anchor_follows",
         "agent.anchor_after",
-        "agent.anchor_temperature",
         "agent.anchor_schedule",
         "agent.cut_uniform_coef",
         "agent.greedy_envs",
@@ -74,6 +73,12 @@ CHANGEABLE = {
     "lm": ("lr", "grad_clip"),
 }
 CHANGES_KEY = "changed_at_resume"
+# Learner settings since removed, each with the value at which a run ran as this version runs
+# it: a run saved at another value cannot be continued as it ran (docs/history.md says why each
+# was removed).
+RETIRED = {
+    "rl": {"agent.anchor_step": 1.0, "agent.anchor_temperature": 1.0},
+}
 
 
 def resume_checkpoint(
@@ -203,9 +208,18 @@ def resumed_config(
     override (Hydra's `key=value` strings) that would change any other field is a config error
     naming each leaf key it changes (a group override such as `memory=transformer_xl` changes
     the group's keys; a whole group would not say which), since the run cannot switch settings
-    midway. A setting added to the trainer after the run began takes this command's value.
-    `config_name`: the trainer's Hydra config, initialised."""
+    midway. A setting added to the trainer after the run began takes this command's value; one
+    since removed (RETIRED) must have the value this version runs as. `config_name`: the
+    trainer's Hydra config, initialised."""
     saved = OmegaConf.create(checkpoint["config"])
+    for key, neutral in RETIRED.get(config_name, {}).items():
+        value = OmegaConf.select(saved, key, default=neutral)
+        if value != neutral:
+            raise ConfigError(
+                f"the run was saved with {key}={value}, a setting this version no longer has "
+                f"(it runs as {key}={neutral}): continue the run with the version that made "
+                "it, or start a new run in another hydra.run.dir"
+            )
 
     unset = object()  # a key one of the two configs lacks (another task's options)
 
