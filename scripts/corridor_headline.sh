@@ -2,7 +2,8 @@
 # The Corridor headline (README, "What it reproduces"): the default on the full Corridor
 # (python train_rl.py: PPO, Expire-Span, 3M steps) on seeds 300-309 and 310-319, which chose
 # nothing (310-319 are fresh: the default was last changed after the previous defaults' runs on
-# 300-309, docs/results/learner/let_go_default and following_default, were seen), and on
+# 300-309, docs/results/learner/held_penalty_default, let_go_default and following_default,
+# were seen), and on
 # 200-204, the seeds of the default's runs when the decisive-agent work began
 # (docs/results/learner/pinned_default), for a before/after; LANES at a time with one thread
 # each (about 25 minutes a run alone on one core).
