@@ -574,7 +574,15 @@ def test_a_checkpoint_keeps_the_anchor_and_the_best_agent_it_falls_back_to():
     interval's agent, so an interval that falls after a resume sends the anchor where it would
     have gone in the unbroken run."""
     with initialize_config_dir(config_dir=str(ROOT / "configs"), version_base=None):
-        cfg = compose("rl", overrides=[*TINY_RL, "agent.anchor_coef=1", "agent.anchor_from=0.9"])
+        cfg = compose(
+            "rl",
+            overrides=[
+                *TINY_RL,
+                "agent.anchor_coef=1",
+                "agent.anchor_from=0.9",
+                "agent.anchor_after=1",
+            ],
+        )
     state = make_agent("expire_span").initial_state(2)
     learners = []
     for _ in range(2):
